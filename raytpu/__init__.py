@@ -1,0 +1,1 @@
+"""ray-tpu: Ray on Google Cloud TPU slices, from the GKE cluster to the model."""

@@ -1,0 +1,5 @@
+import sys
+
+from raytpu.cli import main
+
+sys.exit(main())

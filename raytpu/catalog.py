@@ -1,0 +1,434 @@
+"""The one TPU catalog: every slice shape that infra, policies and workloads talk about.
+
+Stdlib only, so that the policy pack, the Pulumi program and Ray workers can all import it.
+
+Glossary (Ray's and GKE's words):
+
+- **generation**: TPU hardware family: ``v4``, ``v5e``, ``v5p``, ``v6e``, ``tpu7x`` (Ironwood).
+- **accelerator version**: the generation as Ray's ``ray.util.tpu`` spells it (``v5litepod`` for
+  v5e, ``v7x`` for tpu7x).
+- **Ray accelerator type**: the ``accelerator_type`` Ray schedules on (``TPU-V6E``).
+- **topology**: the physical shape of a slice, ``AxB`` (2D) or ``AxBxC`` (3D); chips = product.
+- **host**: one TPU VM, i.e. one Kubernetes node, i.e. one Ray worker node.
+  ``hosts = chips / chips_per_host``; chips per host is the ``-Nt`` suffix of the machine type.
+- **slice**: all hosts of one topology, joined by the inter-chip interconnect. A multi-host slice
+  is one GKE node pool and must be reserved whole: a partial slice hangs in its first collective.
+- **pod type**: generation plus TensorCore count, the ``TPU_ACCELERATOR_TYPE`` a host sees
+  (``v6e-16``; ``v4-32`` is 16 chips since v4 has 2 cores per chip).
+
+A :class:`SliceShape` stores only generation, topology and chips per host; everything else is
+derived from them. The v5e/v6e ``2x4`` topology is one host on an 8-chip machine and two hosts
+on a 4-chip machine: it is never guessed, the caller must name the machine type.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "GENERATIONS",
+    "CatalogError",
+    "Generation",
+    "SliceShape",
+    "common_shapes",
+    "generation",
+    "parse_topology",
+    "shape",
+    "shape_from_gke_labels",
+    "shape_from_machine_type",
+]
+
+TPU_RESOURCE = "google.com/tpu"
+"""Kubernetes extended resource a TPU pod requests (chips on its host)."""
+GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
+GKE_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+TPU_TAINT_KEY = "google.com/tpu"
+"""GKE taints TPU nodes ``google.com/tpu=present:NoSchedule``."""
+
+
+class CatalogError(ValueError):
+    """A slice shape that does not exist. Names the field, the bad value and the valid ones."""
+
+    def __init__(self, field: str, value: Any, valid: str, hint: str = "") -> None:
+        self.field = field
+        self.value = value
+        self.valid = valid
+        problem = "is required" if value is None else f"{value!r} is not valid"
+        message = f"{field}: {problem}; valid: {valid}"
+        if hint:
+            message += f" ({hint})"
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One TPU generation and the names each system uses for it."""
+
+    name: str
+    """Our name, used in stack config: ``v6e``."""
+    accelerator_version: str
+    """Ray's ``accelerator_version`` / pod type prefix: ``v6e``, ``v5litepod``, ``v7x``."""
+    gke_accelerator: str
+    """Value of the ``cloud.google.com/gke-tpu-accelerator`` node label."""
+    ray_accelerator_type: str
+    """Ray's ``accelerator_type`` resource name: ``TPU-V6E``."""
+    dims: int
+    """2 for v5e/v6e (``AxB``), 3 for v4/v5p/tpu7x (``AxBxC``)."""
+    cores_per_chip: int
+    """TensorCores per chip: pod types count cores."""
+    machine_types: tuple[tuple[str, int], ...]
+    """(GKE machine type, chips per host) pairs."""
+    single_host: tuple[tuple[str, int], ...]
+    """(topology, chips per host) pairs that fit on one host."""
+    multi_host: tuple[str, ...]
+    """Explicitly listed multi-host topologies (all on 4-chip hosts)."""
+    max_chips: int
+    """Largest slice GKE schedules for this generation."""
+    cube_rule: bool = False
+    """3D generations: beyond ``multi_host``, every ``AxBxC`` with A<=B<=C multiples of 4."""
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def chips_per_host_options(self) -> tuple[int, ...]:
+        return tuple(chips for _, chips in self.machine_types)
+
+    def machine_type(self, chips_per_host: int) -> str:
+        for machine, chips in self.machine_types:
+            if chips == chips_per_host:
+                return machine
+        raise CatalogError(
+            "chipsPerHost",
+            chips_per_host,
+            _join(str(c) for c in self.chips_per_host_options),
+            f"{self.name} hosts carry these chip counts",
+        )
+
+    def topologies_text(self) -> str:
+        listed = list(dict.fromkeys([t for t, _ in self.single_host] + list(self.multi_host)))
+        text = ", ".join(listed)
+        if self.cube_rule:
+            text += f", or AxBxC with A<=B<=C multiples of 4 up to {self.max_chips} chips"
+        return text
+
+
+_GENERATIONS: tuple[Generation, ...] = (
+    Generation(
+        name="v4",
+        accelerator_version="v4",
+        gke_accelerator="tpu-v4-podslice",
+        ray_accelerator_type="TPU-V4",
+        dims=3,
+        cores_per_chip=2,
+        machine_types=(("ct4p-hightpu-4t", 4),),
+        single_host=(("2x2x1", 4),),
+        multi_host=("2x2x2", "2x2x4", "2x4x4"),
+        max_chips=4096,
+        cube_rule=True,
+    ),
+    Generation(
+        name="v5e",
+        accelerator_version="v5litepod",
+        gke_accelerator="tpu-v5-lite-podslice",
+        ray_accelerator_type="TPU-V5LITEPOD",
+        dims=2,
+        cores_per_chip=1,
+        machine_types=(("ct5lp-hightpu-1t", 1), ("ct5lp-hightpu-4t", 4), ("ct5lp-hightpu-8t", 8)),
+        single_host=(("1x1", 1), ("2x2", 4), ("2x4", 8)),
+        multi_host=("2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+        max_chips=256,
+        aliases=("v5litepod", "v5lite"),
+    ),
+    Generation(
+        name="v5p",
+        accelerator_version="v5p",
+        gke_accelerator="tpu-v5p-slice",
+        ray_accelerator_type="TPU-V5P",
+        dims=3,
+        cores_per_chip=2,
+        machine_types=(("ct5p-hightpu-4t", 4),),
+        single_host=(("2x2x1", 4),),
+        multi_host=("2x2x2", "2x2x4", "2x4x4"),
+        max_chips=6144,
+        cube_rule=True,
+    ),
+    Generation(
+        name="v6e",
+        accelerator_version="v6e",
+        gke_accelerator="tpu-v6e-slice",
+        ray_accelerator_type="TPU-V6E",
+        dims=2,
+        cores_per_chip=1,
+        machine_types=(("ct6e-standard-1t", 1), ("ct6e-standard-4t", 4), ("ct6e-standard-8t", 8)),
+        single_host=(("1x1", 1), ("2x2", 4), ("2x4", 8)),
+        multi_host=("2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+        max_chips=256,
+    ),
+    Generation(
+        name="tpu7x",
+        accelerator_version="v7x",
+        gke_accelerator="tpu7x",
+        ray_accelerator_type="TPU-V7X",
+        dims=3,
+        cores_per_chip=2,
+        machine_types=(("tpu7x-standard-4t", 4),),
+        single_host=(("2x2x1", 4),),
+        # The shapes Ray 2.60 and GKE both list for Ironwood; no general cube rule.
+        multi_host=(
+            "2x2x2",
+            "2x2x4",
+            "2x4x4",
+            "4x4x4",
+            "4x4x8",
+            "4x8x8",
+            "8x8x8",
+            "8x8x16",
+            "8x16x16",
+        ),
+        max_chips=2048,
+        aliases=("v7x", "ironwood"),
+    ),
+)
+
+GENERATIONS: dict[str, Generation] = {g.name: g for g in _GENERATIONS}
+"""Generations by our name."""
+
+_LOOKUP: dict[str, Generation] = {}
+for _g in _GENERATIONS:
+    for _key in (
+        _g.name,
+        _g.accelerator_version,
+        _g.gke_accelerator,
+        _g.ray_accelerator_type,
+        *_g.aliases,
+    ):
+        _LOOKUP[_key.lower()] = _g
+
+_TOPOLOGY_RE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*){1,2}$")
+
+
+def _join(items: Any) -> str:
+    return ", ".join(items)
+
+
+def generation(name: str) -> Generation:
+    """The generation for any of its names (``v6e``, ``TPU-V6E``, ``tpu-v6e-slice``, ``v5litepod``)."""
+    found = _LOOKUP.get(str(name).strip().lower())
+    if found is None:
+        raise CatalogError("generation", name, _join(GENERATIONS))
+    return found
+
+
+def parse_topology(topology: str) -> tuple[int, ...]:
+    """``"2x2x4"`` -> ``(2, 2, 4)``; raises :class:`CatalogError` on anything else."""
+    text = str(topology).strip().lower()
+    if not _TOPOLOGY_RE.match(text):
+        raise CatalogError("topology", topology, "AxB (v5e, v6e) or AxBxC (v4, v5p, tpu7x)")
+    return tuple(int(d) for d in text.split("x"))
+
+
+@dataclass(frozen=True)
+class SliceShape:
+    """A TPU slice: generation, topology and chips per host. All else is derived.
+
+    Build one with :func:`shape`, :func:`shape_from_machine_type` or
+    :func:`shape_from_gke_labels`; those validate. Constructing it directly skips validation.
+    """
+
+    generation: Generation
+    topology: str
+    chips_per_host: int
+
+    @property
+    def dimensions(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.topology.split("x"))
+
+    @property
+    def chips(self) -> int:
+        return math.prod(self.dimensions)
+
+    @property
+    def hosts(self) -> int:
+        """Hosts (TPU VMs, Kubernetes nodes, Ray worker nodes) in one slice."""
+        return self.chips // self.chips_per_host
+
+    @property
+    def multi_host(self) -> bool:
+        return self.hosts > 1
+
+    @property
+    def machine_type(self) -> str:
+        return self.generation.machine_type(self.chips_per_host)
+
+    @property
+    def gke_accelerator(self) -> str:
+        return self.generation.gke_accelerator
+
+    @property
+    def ray_accelerator_type(self) -> str:
+        return self.generation.ray_accelerator_type
+
+    @property
+    def accelerator_version(self) -> str:
+        return self.generation.accelerator_version
+
+    @property
+    def tensorcores(self) -> int:
+        return self.chips * self.generation.cores_per_chip
+
+    @property
+    def pod_type(self) -> str:
+        """``TPU_ACCELERATOR_TYPE`` as a host sees it: ``v6e-16``, ``v4-32``, ``v5litepod-8``."""
+        return f"{self.generation.accelerator_version}-{self.tensorcores}"
+
+    @property
+    def ray_head_resource(self) -> str:
+        """Resource Ray puts on worker 0 of each slice: ``TPU-v6e-16-head``."""
+        return f"TPU-{self.pod_type}-head"
+
+    @property
+    def node_selector(self) -> dict[str, str]:
+        """The two GKE node labels a pod of this slice must select."""
+        return {GKE_ACCELERATOR_LABEL: self.gke_accelerator, GKE_TOPOLOGY_LABEL: self.topology}
+
+    @property
+    def name(self) -> str:
+        """Short human name: ``v6e 2x4 (2 hosts x 4 chips)``."""
+        return f"{self.generation.name} {self.topology} ({self.hosts} hosts x {self.chips_per_host} chips)"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The catalog record, camelCase like the ``raytpu catalog --json`` output."""
+        return {
+            "generation": self.generation.name,
+            "topology": self.topology,
+            "machineType": self.machine_type,
+            "chipsPerHost": self.chips_per_host,
+            "hosts": self.hosts,
+            "chips": self.chips,
+            "gkeAccelerator": self.gke_accelerator,
+            "rayAcceleratorType": self.ray_accelerator_type,
+            "acceleratorVersion": self.accelerator_version,
+            "podType": self.pod_type,
+            "multiHost": self.multi_host,
+        }
+
+
+def _allowed_chips_per_host(gen: Generation, topology: str) -> tuple[int, ...]:
+    """Chips-per-host values with which ``topology`` is a real slice of ``gen`` (may be empty)."""
+    dims = parse_topology(topology)
+    if len(dims) != gen.dims:
+        example = "AxB, e.g. 4x4" if gen.dims == 2 else "AxBxC, e.g. 2x2x4"
+        raise CatalogError(
+            "topology",
+            topology,
+            gen.topologies_text(),
+            f"{gen.name} topologies are {gen.dims}D: {example}",
+        )
+    allowed = [chips for topo, chips in gen.single_host if topo == topology]
+    multi = topology in gen.multi_host
+    if not multi and gen.cube_rule and list(dims) == sorted(dims):
+        multi = all(d % 4 == 0 for d in dims) and math.prod(dims) <= gen.max_chips
+    if multi:
+        allowed.extend(c for c in gen.chips_per_host_options if c == 4)
+    return tuple(dict.fromkeys(allowed))
+
+
+def shape(
+    generation_name: str,
+    topology: str,
+    *,
+    machine_type: str | None = None,
+    chips_per_host: int | None = None,
+) -> SliceShape:
+    """Validate and build a slice shape.
+
+    ``machine_type`` or ``chips_per_host`` pick the host size; when both are omitted the
+    topology must fit exactly one host size (v5e/v6e ``2x4`` does not: name the machine type).
+    """
+    gen = generation(generation_name)
+    topology = str(topology).strip().lower()
+    allowed = _allowed_chips_per_host(gen, topology)
+    if not allowed:
+        raise CatalogError("topology", topology, gen.topologies_text(), f"for {gen.name}")
+    if machine_type is not None:
+        by_machine = dict(gen.machine_types)
+        if machine_type not in by_machine:
+            raise CatalogError("machineType", machine_type, _join(by_machine), f"for {gen.name}")
+        from_machine = by_machine[machine_type]
+        if chips_per_host is not None and int(chips_per_host) != from_machine:
+            raise CatalogError(
+                "chipsPerHost",
+                chips_per_host,
+                str(from_machine),
+                f"{machine_type} has {from_machine} chips per host",
+            )
+        chips_per_host = from_machine
+    if chips_per_host is None:
+        if len(allowed) > 1:
+            options = _join(f"{gen.machine_type(c)} ({c} chips/host)" for c in allowed)
+            raise CatalogError(
+                "machineType",
+                None,
+                options,
+                f"{gen.name} {topology} exists on more than one host size; name the machine type",
+            )
+        chips_per_host = allowed[0]
+    chips_per_host = int(chips_per_host)
+    if chips_per_host not in allowed:
+        options = _join(f"{gen.machine_type(c)} ({c} chips/host)" for c in allowed)
+        raise CatalogError(
+            "machineType",
+            gen.machine_type(chips_per_host)
+            if chips_per_host in gen.chips_per_host_options
+            else chips_per_host,
+            options,
+            f"{gen.name} {topology} is not built from {chips_per_host}-chip hosts",
+        )
+    return SliceShape(gen, topology, chips_per_host)
+
+
+def shape_from_machine_type(machine_type: str, topology: str | None) -> SliceShape:
+    """The shape of a GKE node pool: its machine type plus its ``tpu_topology`` (None: one host)."""
+    for gen in _GENERATIONS:
+        if machine_type in dict(gen.machine_types):
+            if topology is None:
+                chips = dict(gen.machine_types)[machine_type]
+                single = [t for t, c in gen.single_host if c == chips]
+                if not single:
+                    raise CatalogError(
+                        "topology", None, gen.topologies_text(), f"{machine_type} needs a topology"
+                    )
+                topology = single[0]
+            return shape(gen.name, topology, machine_type=machine_type)
+    known = _join(m for g in _GENERATIONS for m, _ in g.machine_types)
+    raise CatalogError("machineType", machine_type, known)
+
+
+def shape_from_gke_labels(accelerator: str, topology: str, chips_per_host: int) -> SliceShape:
+    """The shape a pod asks for: its two GKE node selector labels and its ``google.com/tpu`` count."""
+    gens = [g for g in _GENERATIONS if g.gke_accelerator == accelerator]
+    if not gens:
+        raise CatalogError(
+            GKE_ACCELERATOR_LABEL, accelerator, _join(g.gke_accelerator for g in _GENERATIONS)
+        )
+    return shape(gens[0].name, topology, chips_per_host=chips_per_host)
+
+
+def common_shapes() -> list[SliceShape]:
+    """Shapes worth listing: every single-host shape and the common multi-host ones."""
+    wanted = {
+        "v4": ["2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8"],
+        "v5e": ["1x1", "2x2", "2x4", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"],
+        "v5p": ["2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8"],
+        "v6e": ["1x1", "2x2", "2x4", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"],
+        "tpu7x": ["2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4"],
+    }
+    shapes: list[SliceShape] = []
+    for gen_name, topologies in wanted.items():
+        gen = GENERATIONS[gen_name]
+        for topology in dict.fromkeys(topologies):
+            for chips in _allowed_chips_per_host(gen, topology):
+                shapes.append(SliceShape(gen, topology, chips))
+    return shapes

@@ -1,0 +1,37 @@
+"""``raytpu``: the command line of ray-tpu.
+
+Each subcommand lives in its own module, which exposes ``add_arguments(parser)`` and
+``run(args) -> int`` and keeps heavy imports (ray, jax, pulumi) inside ``run``.
+Exit codes: 0 success, 1 a check found violations or a run failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Add a command by adding a line here.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "catalog": ("raytpu.catalog_cmd", "print TPU slice shapes (the one catalog)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raytpu", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        command = sub.add_parser(name, help=help_text, description=module.__doc__)
+        module.add_arguments(command)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
