@@ -14,6 +14,7 @@ import sys
 # name -> (module, one-line help). Add a command by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "catalog": ("raytpu.catalog_cmd", "print TPU slice shapes (the one catalog)"),
+    "submit": ("raytpu.submit", "submit train/serve/any job to a stack's Ray cluster"),
 }
 
 

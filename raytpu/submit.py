@@ -1,0 +1,508 @@
+"""Submit a workload to the Ray cluster that ``pulumi up`` made, through Ray's Job Submission API.
+
+Examples:
+  kubectl port-forward svc/train-head-svc 8265:8265 -n ray     # in another terminal
+  raytpu submit --stack dev train --steps 100
+  raytpu submit --stack dev --outputs dev-outputs.json --no-wait train
+  raytpu submit --stack dev --cluster train -- python -m raytpu.cli catalog v6e 2x4 --json
+  raytpu submit --stack dev --cluster train serve
+
+The stack outputs (``pulumi stack output --json --stack STACK``, or a saved copy given with
+``--outputs``) name the Ray clusters, their slices and their head services. The head is reached
+at ``--address`` (default http://127.0.0.1:8265) through ``kubectl port-forward``: it is never
+exposed publicly.
+
+Glossary (Ray's words):
+
+- **job**: one driver process (the **entrypoint** command) that Ray runs on the head node, with a
+  **runtime environment**: the code it needs (``working_dir``: this repository's ``workloads``
+  and ``raytpu`` packages) plus, with ``--pip``, the pinned packages (``jax[tpu]``...).
+  By default the packages come from the worker image (see the Dockerfile), so a job starts in
+  seconds instead of installing libtpu on every host.
+- **submission id**: the job id this command prints; ``ray job logs/stop --address ... ID``.
+- **train**: ``python -m workloads.train`` sized to the cluster's slice from the stack.
+- **serve**: deploys ``workloads.serve:app`` on a RayCluster with ``serve run --non-blocking`` in a
+  job (Serve keeps it running after the job ends). A RayService already serves that app from its
+  ``serveConfigV2``: change it with ``pulumi up``, not with a job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raytpu import stack_outputs
+from raytpu.stack_outputs import RayHead, StackOutputs, StackOutputsError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_ADDRESS = f"http://127.0.0.1:{stack_outputs.DEFAULT_DASHBOARD_PORT}"
+WORKLOADS = ("train", "serve")
+SERVE_IMPORT_PATH = "workloads.serve:app"
+WORKING_DIR_PACKAGES = ("workloads", "raytpu")
+"""Packages shipped in the job's ``working_dir`` (the job's cwd, first on its ``sys.path``)."""
+WORKING_DIR_IGNORE = ("__pycache__", "*.pyc", "*.egg-info")
+WORKER_EXCLUDED_DEPENDENCIES = ("ray", "pulumi")
+"""Requirements never put in a runtime env: Ray is the image's own, Pulumi runs on your laptop."""
+HEAD_CHECK_TIMEOUT_S = 10.0
+REQUEST_TIMEOUT_S = 120.0
+DEFAULT_JOB_TIMEOUT_S = 3600.0
+POLL_INTERVAL_S = 1.0
+
+
+class SubmitError(RuntimeError):
+    """A submission that could not be made or did not finish; the message says what to do."""
+
+
+class HeadUnreachableError(SubmitError):
+    """Nothing answers at the address; the message carries the port-forward command."""
+
+
+class JobTimeoutError(SubmitError):
+    """The job did not reach a terminal state within the timeout (it keeps running)."""
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What is sent to the Job Submission API."""
+
+    workload: str
+    """``train``, ``serve`` or ``command`` (any other entrypoint)."""
+    entrypoint: str
+    runtime_env: Mapping[str, Any]
+    submission_id: str
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """A submitted job, and how it ended when the submission waited for it."""
+
+    job_id: str
+    address: str
+    head: RayHead
+    status: str
+    """Ray's ``JobStatus``: PENDING, RUNNING, STOPPED, SUCCEEDED or FAILED."""
+    waited: bool
+    message: str = ""
+    logs: str = ""
+    duration_s: float = 0.0
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "SUCCEEDED"
+
+
+# --- choosing the head ------------------------------------------------------------------------
+
+
+def choose_head(
+    outputs: StackOutputs,
+    *,
+    workload: str,
+    cluster: str | None = None,
+    slice_name: str | None = None,
+) -> RayHead:
+    """The Ray head to submit to: ``--cluster``, else the one RayCluster on ``--slice``, else the
+    RayCluster named like the workload, else the stack's only RayCluster."""
+    if cluster is not None:
+        if cluster not in outputs.ray_clusters and cluster in outputs.ray_services:
+            service = outputs.ray_service(cluster)
+            raise SubmitError(_service_message(service, cluster_hint=outputs))
+        head = outputs.ray_cluster(cluster)
+        if slice_name is not None and head.slice != slice_name:
+            outputs.slice(slice_name)
+            raise StackOutputsError(
+                f"slice: {slice_name!r} is not valid for cluster {cluster!r}; valid: {head.slice}"
+            )
+        return head
+    if slice_name is not None:
+        on_slice = outputs.clusters_on_slice(slice_name)
+        if len(on_slice) == 1:
+            return on_slice[0]
+        with_clusters = sorted({c.slice for c in outputs.ray_clusters.values()})
+        if not on_slice:
+            raise StackOutputsError(
+                f"slice: {slice_name!r} has no RayCluster in stack {outputs.stack!r}; "
+                f"valid: {', '.join(with_clusters) or '(none)'}"
+            )
+        raise StackOutputsError(
+            f"cluster: slice {slice_name!r} has several RayClusters; name one with --cluster; "
+            f"valid: {', '.join(sorted(c.name for c in on_slice))}"
+        )
+    if workload in outputs.ray_clusters:
+        return outputs.ray_clusters[workload]
+    if len(outputs.ray_clusters) == 1:
+        return next(iter(outputs.ray_clusters.values()))
+    if not outputs.ray_clusters:
+        raise StackOutputsError(
+            f"cluster: stack {outputs.stack!r} declares no RayCluster; valid: (none). Add one "
+            "under ray-tpu:rayClusters and run pulumi up"
+        )
+    raise StackOutputsError(
+        f"cluster: stack {outputs.stack!r} has several RayClusters; name one with --cluster; "
+        f"valid: {', '.join(sorted(outputs.ray_clusters))}"
+    )
+
+
+def serving_service(
+    outputs: StackOutputs, workload: str, cluster: str | None, slice_name: str | None
+) -> RayHead | None:
+    """The RayService that already serves the app when ``serve`` targets one, else None.
+
+    ``serve`` goes to a RayService when ``--cluster`` names one, or when neither ``--cluster``
+    nor ``--slice`` is given and no RayCluster is called ``serve``.
+    """
+    if workload != "serve" or not outputs.ray_services:
+        return None
+    if cluster is not None:
+        return outputs.ray_services.get(cluster) if cluster not in outputs.ray_clusters else None
+    if slice_name is not None or "serve" in outputs.ray_clusters:
+        return None
+    if "serve" in outputs.ray_services:
+        return outputs.ray_services["serve"]
+    return outputs.ray_services[sorted(outputs.ray_services)[0]]
+
+
+def _service_message(service: RayHead, cluster_hint: StackOutputs | None = None) -> str:
+    lines = [
+        f"{service.name!r} is a RayService: KubeRay runs {SERVE_IMPORT_PATH} from its "
+        "serveConfigV2 and replaces anything submitted to it. Change it with "
+        f"`pulumi up --stack {cluster_hint.stack if cluster_hint else 'STACK'}`; query it with:",
+        f"  {service.serve_port_forward_command()}",
+        f"  curl http://127.0.0.1:{stack_outputs.SERVE_PORT}/",
+    ]
+    if cluster_hint is not None and cluster_hint.ray_clusters:
+        lines.append(
+            "To submit a job, pick a RayCluster with --cluster; valid: "
+            + ", ".join(sorted(cluster_hint.ray_clusters))
+        )
+    return "\n".join(lines)
+
+
+# --- reaching the head ------------------------------------------------------------------------
+
+
+def _local_port(address: str) -> int:
+    from urllib.parse import urlparse
+
+    return urlparse(address).port or stack_outputs.DEFAULT_DASHBOARD_PORT
+
+
+def check_head(address: str, head: RayHead, *, timeout_s: float = HEAD_CHECK_TIMEOUT_S) -> str:
+    """The Ray version the head at ``address`` runs; :class:`HeadUnreachableError` if none answers.
+
+    Bounded by ``timeout_s`` (connect and read), so a dead port-forward fails fast.
+    """
+    import requests
+
+    hint = (
+        f"Reach the head of {head.kind} {head.name!r} (namespace {head.namespace!r}) without "
+        f"exposing it; in another terminal run:\n  {head.port_forward_command(_local_port(address))}"
+        f"\nthen run this command again (or pass --address URL)."
+    )
+    url = address.rstrip("/") + "/api/version"
+    try:
+        response = requests.get(url, timeout=timeout_s)
+    except requests.exceptions.RequestException as error:
+        reason = type(error).__name__
+        raise HeadUnreachableError(
+            f"Ray head not reachable at {address} ({reason}).\n{hint}"
+        ) from error
+    if response.status_code != 200:
+        raise HeadUnreachableError(
+            f"{url} answered HTTP {response.status_code}: not a Ray dashboard.\n{hint}"
+        )
+    try:
+        return str(response.json()["ray_version"])
+    except (ValueError, KeyError) as error:
+        raise HeadUnreachableError(
+            f"{url} answered without a ray_version: not a Ray dashboard.\n{hint}"
+        ) from error
+
+
+def _client(address: str, request_timeout_s: float) -> Any:
+    """A ``JobSubmissionClient`` whose every HTTP request has a timeout (the SDK sets none)."""
+    from ray.job_submission import JobSubmissionClient
+
+    class _TimedJobSubmissionClient(JobSubmissionClient):
+        def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", request_timeout_s)
+            return super()._do_request(method, endpoint, **kwargs)
+
+    return _TimedJobSubmissionClient(address)
+
+
+# --- the job ----------------------------------------------------------------------------------
+
+
+def worker_requirements(pyproject: Path = REPO_ROOT / "pyproject.toml") -> list[str]:
+    """Pinned packages for a stock Ray image: the project's dependencies and its ``tpu`` extra
+    (``jax[tpu]``), without Ray itself and Pulumi."""
+    with pyproject.open("rb") as handle:
+        project = tomllib.load(handle)["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["tpu"]]
+
+    def name(requirement: str) -> str:
+        for stop in "[<>=!~ ;":
+            requirement = requirement.split(stop, 1)[0]
+        return requirement.strip().lower()
+
+    return [
+        r
+        for r in wanted
+        if not any(
+            name(r) == x or name(r).startswith(x + "-") for x in WORKER_EXCLUDED_DEPENDENCIES
+        )
+    ]
+
+
+def stage_working_dir(destination: Path, repo_root: Path = REPO_ROOT) -> Path:
+    """Copy the packages a job imports into ``destination`` (the job's ``working_dir``)."""
+    for package in WORKING_DIR_PACKAGES:
+        source = repo_root / package
+        if not (source / "__init__.py").is_file():
+            raise SubmitError(
+                f"working_dir: package {package!r} not found at {source}; run raytpu submit "
+                "from a checkout of the repository"
+            )
+        shutil.copytree(
+            source, destination / package, ignore=shutil.ignore_patterns(*WORKING_DIR_IGNORE)
+        )
+    return destination
+
+
+def runtime_env(working_dir: Path, *, pip: bool, env_vars: Mapping[str, str]) -> dict[str, Any]:
+    """The job's runtime environment (Ray's ``runtime_env`` dict)."""
+    env: dict[str, Any] = {"working_dir": str(working_dir), "env_vars": dict(env_vars)}
+    if pip:
+        env["pip"] = {"packages": worker_requirements(), "pip_check": False}
+    return env
+
+
+def train_entrypoint(outputs: StackOutputs, head: RayHead, extra: Sequence[str]) -> str:
+    """``python -m workloads.train`` sized to the cluster's slice (the catalog record)."""
+    slice_out = outputs.slice(head.slice)
+    shape = slice_out.shape
+    command = [
+        "python",
+        "-m",
+        "workloads.train",
+        "--generation",
+        shape.generation.name,
+        "--topology",
+        shape.topology,
+        "--chips-per-host",
+        str(shape.chips_per_host),
+        "--num-slices",
+        str(slice_out.count),
+        *extra,
+    ]
+    return shlex.join(command)
+
+
+def serve_entrypoint(extra: Sequence[str]) -> str:
+    return shlex.join(["serve", "run", "--non-blocking", SERVE_IMPORT_PATH, *extra])
+
+
+def build_request(
+    job: Sequence[str],
+    outputs: StackOutputs,
+    head: RayHead,
+    working_dir: Path,
+    *,
+    pip: bool = False,
+) -> JobRequest:
+    """Turn ``train ...`` / ``serve ...`` / ``COMMAND ...`` into a job request."""
+    if not job:
+        raise SubmitError(
+            "job: is required; valid: train [ARGS], serve [ARGS], or -- COMMAND [ARGS]"
+        )
+    workload, *extra = job
+    if workload == "train":
+        entrypoint = train_entrypoint(outputs, head, extra)
+    elif workload == "serve":
+        entrypoint = serve_entrypoint(extra)
+    else:
+        workload, entrypoint = "command", shlex.join(job)
+    slice_out = outputs.slice(head.slice)
+    env_vars = {
+        "RAYTPU_STACK": outputs.stack,
+        "RAYTPU_CLUSTER": head.name,
+        "RAYTPU_SLICE": head.slice,
+        "RAYTPU_TOPOLOGY": slice_out.shape.topology,
+        "RAYTPU_ACCELERATOR_TYPE": slice_out.shape.ray_accelerator_type,
+        "RAYTPU_CHIPS_PER_HOST": str(slice_out.shape.chips_per_host),
+    }
+    return JobRequest(
+        workload=workload,
+        entrypoint=entrypoint,
+        runtime_env=runtime_env(working_dir, pip=pip, env_vars=env_vars),
+        submission_id=f"raytpu-{outputs.stack}-{workload}-{secrets.token_hex(4)}",
+        metadata={"stack": outputs.stack, "cluster": head.name, "slice": head.slice},
+    )
+
+
+def submit(
+    address: str,
+    head: RayHead,
+    request: JobRequest,
+    *,
+    wait: bool,
+    timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
+    poll_s: float = POLL_INTERVAL_S,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
+    on_logs: Callable[[str], None] | None = None,
+) -> SubmitResult:
+    """Submit ``request``; with ``wait``, follow its logs until it ends or ``timeout_s`` passes.
+
+    The caller has checked the head with :func:`check_head`.
+    """
+    client = _client(address, request_timeout_s)
+    started = time.monotonic()
+    job_id = client.submit_job(
+        entrypoint=request.entrypoint,
+        submission_id=request.submission_id,
+        runtime_env=dict(request.runtime_env),
+        metadata=dict(request.metadata),
+    )
+    if not wait:
+        status = str(client.get_job_status(job_id))
+        return SubmitResult(job_id=job_id, address=address, head=head, status=status, waited=False)
+    printed = 0
+    logs = ""
+    deadline = started + timeout_s
+    while True:
+        info = client.get_job_info(job_id)
+        logs = client.get_job_logs(job_id)
+        if on_logs is not None and len(logs) > printed:
+            on_logs(logs[printed:])
+            printed = len(logs)
+        if info.status.is_terminal():
+            return SubmitResult(
+                job_id=job_id,
+                address=address,
+                head=head,
+                status=str(info.status),
+                waited=True,
+                message=info.message or "",
+                logs=logs,
+                duration_s=time.monotonic() - started,
+            )
+        if time.monotonic() >= deadline:
+            raise JobTimeoutError(
+                f"job {job_id} is still {info.status} after {timeout_s:.0f} s; it keeps running. "
+                f"Follow it with `ray job logs --follow --address {address} {job_id}` or stop it "
+                f"with `ray job stop --address {address} {job_id}`"
+            )
+        time.sleep(poll_s)
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--stack", required=True, help="Pulumi stack name, e.g. dev or prod")
+    parser.add_argument(
+        "--outputs",
+        type=Path,
+        help="saved `pulumi stack output --json --stack STACK` (default: run pulumi)",
+    )
+    parser.add_argument(
+        "--address",
+        default=DEFAULT_ADDRESS,
+        help=f"Ray dashboard address of the head, reached by port-forward (default {DEFAULT_ADDRESS})",
+    )
+    parser.add_argument("--cluster", help="RayCluster name in the stack (default: chosen for you)")
+    parser.add_argument("--slice", dest="slice_name", help="submit to the RayCluster on this slice")
+    parser.add_argument(
+        "--wait",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="follow the job's logs until it ends (default) or print its id and return",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_JOB_TIMEOUT_S,
+        help=f"seconds to wait for the job with --wait (default {DEFAULT_JOB_TIMEOUT_S:.0f})",
+    )
+    parser.add_argument(
+        "--pip",
+        action="store_true",
+        help="install the pinned packages and jax[tpu] in the runtime env (stock Ray image); "
+        "default: use the packages of the worker image",
+    )
+    parser.add_argument(
+        "job",
+        nargs=argparse.REMAINDER,
+        metavar="train|serve|COMMAND ...",
+        help="`train [ARGS]`, `serve [ARGS]`, or `-- COMMAND [ARGS]` for any entrypoint",
+    )
+
+
+def _load_outputs(args: argparse.Namespace) -> StackOutputs:
+    if args.outputs is not None:
+        return stack_outputs.read_outputs_file(args.outputs, args.stack)
+    return stack_outputs.fetch_outputs(args.stack, cwd=REPO_ROOT)
+
+
+def run(args: argparse.Namespace) -> int:
+    job = list(args.job)
+    if job and job[0] == "--":
+        job = job[1:]
+    workload = job[0] if job else ""
+    try:
+        outputs = _load_outputs(args)
+        service = serving_service(outputs, workload, args.cluster, args.slice_name)
+        if service is not None:
+            print(_service_message(service, cluster_hint=outputs))
+            return 0
+        head = choose_head(
+            outputs, workload=workload, cluster=args.cluster, slice_name=args.slice_name
+        )
+        ray_version = check_head(args.address, head)
+        with tempfile.TemporaryDirectory(prefix="raytpu-job-") as tmp:
+            working_dir = stage_working_dir(Path(tmp))
+            request = build_request(job, outputs, head, working_dir, pip=args.pip)
+            print(
+                f"submitting {request.workload} to {head.kind} {head.name!r} "
+                f"(slice {head.slice!r}, Ray {ray_version}) at {args.address}:\n"
+                f"  {request.entrypoint}",
+                file=sys.stderr,
+            )
+            result = submit(
+                args.address,
+                head,
+                request,
+                wait=args.wait,
+                timeout_s=args.timeout,
+                on_logs=lambda text: print(text, end="", flush=True),
+            )
+    except StackOutputsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except SubmitError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"job {result.job_id}: {result.status}", file=sys.stderr)
+    if not result.waited:
+        print(
+            f"follow it: ray job logs --follow --address {args.address} {result.job_id}",
+            file=sys.stderr,
+        )
+        print(result.job_id)
+        return 0
+    if result.message and not result.succeeded:
+        print(result.message, file=sys.stderr)
+    return 0 if result.succeeded else 1
