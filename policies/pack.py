@@ -1,0 +1,300 @@
+"""The policy pack as data: one :class:`PolicySpec` per policy, and the offline runner.
+
+``policies/__main__.py`` turns :data:`POLICIES` into ``pulumi_policy`` objects for
+``pulumi preview --policy-pack policies``; ``raytpu preview`` and ``raytpu check`` call
+:func:`evaluate` on the same list. Enforcement is mandatory unless policy config says otherwise,
+in Pulumi's own policy-config format (``--policy-pack-config``)::
+
+    {"all": "advisory", "pinned-ray-version": {"enforcementLevel": "mandatory",
+                                               "minimumVersion": "2.58.0"}}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from policies.model import CLUSTER, NODE_POOL, SERVICE, ResourceLike, is_ingress, ray_kind
+from policies.rules import exposure, node_pool, ray_groups, ray_version, stack
+from policies.values import plain
+
+ENFORCEMENT_LEVELS = ("mandatory", "advisory", "disabled")
+DEFAULT_ENFORCEMENT = "mandatory"
+
+
+class PolicyConfigError(ValueError):
+    """Policy config that names an unknown policy, level or option."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One policy config property: its JSON schema and the rule keyword it feeds."""
+
+    key: str
+    keyword: str
+    schema: Mapping[str, Any]
+    default: Any
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One policy: what Pulumi shows, which resources it reads and the pure rule it runs."""
+
+    name: str
+    description: str
+    kind: Literal["resource", "stack"]
+    rule: Callable[..., list[str]]
+    applies_to: Callable[[str], bool] = lambda _type: True
+    """Resource policies: which type tokens the rule reads."""
+    remediation: str = ""
+    options: tuple[Option, ...] = field(default=())
+
+    def run(self, target: Any, config: Mapping[str, Any] | None = None) -> list[str]:
+        """Violations of ``target`` (props of one resource, or the stack's resources)."""
+        kwargs = {o.keyword: (config or {}).get(o.key, o.default) for o in self.options}
+        return self.rule(target, **kwargs)
+
+
+def _ray_rule(check: Callable[..., list[str]]) -> Callable[..., list[str]]:
+    def rule(props: Mapping[str, Any], **kwargs: Any) -> list[str]:
+        return check(props, None, **kwargs)
+
+    rule.__name__ = check.__name__
+    rule.__doc__ = check.__doc__
+    return rule
+
+
+def _exposure(props: Mapping[str, Any]) -> list[str]:
+    """Dispatches on the object's kind: Service, Ingress or a KubeRay object."""
+    kind = props.get("kind") if isinstance(props, Mapping) else None
+    if kind == "Service":
+        return exposure.check_service(props)
+    if kind == "Ingress":
+        return exposure.check_ingress(props)
+    return exposure.check_ray_head_service(props)
+
+
+def _is_ray(resource_type: str) -> bool:
+    return ray_kind(resource_type) is not None
+
+
+def _is_exposure_target(resource_type: str) -> bool:
+    return resource_type == SERVICE or is_ingress(resource_type) or _is_ray(resource_type)
+
+
+POLICIES: tuple[PolicySpec, ...] = (
+    PolicySpec(
+        name="tpu-node-pool-shape",
+        description=(
+            "A TPU node pool is one real slice: known machine type, topology legal for its "
+            "generation, no tpuTopology on single-host pools, multi-host pools COMPACT (tpu7x: a "
+            "workload policy) with node count == hosts, whole-slice autoscaling and one zone."
+        ),
+        kind="resource",
+        rule=node_pool.check_node_pool,
+        applies_to=lambda t: t == NODE_POOL,
+        remediation="Fix the node pool to the shape `raytpu catalog GEN TOPOLOGY` prints.",
+    ),
+    PolicySpec(
+        name="ray-tpu-worker-groups",
+        description=(
+            "Every KubeRay worker group that requests google.com/tpu has numOfHosts == hosts of "
+            "its topology and chips per host, TPU requests == limits, and both GKE TPU node "
+            "selectors naming a real slice (stricter than GKE's TPU webhook, never looser)."
+        ),
+        kind="resource",
+        rule=_ray_rule(ray_groups.check_worker_groups),
+        applies_to=_is_ray,
+        remediation="Set numOfHosts, google.com/tpu and the node selectors from `raytpu catalog`.",
+    ),
+    PolicySpec(
+        name="tpu-slices-for-ray-groups",
+        description=(
+            "Every TPU worker group has node pools of its exact shape with enough slices for "
+            "the replicas of all groups of that shape."
+        ),
+        kind="stack",
+        rule=stack.check_slices_for_groups,
+        remediation="Add node pools (slice count) of the group's shape, or lower replicas.",
+    ),
+    PolicySpec(
+        name="ray-operator-addon",
+        description="A GKE cluster that runs KubeRay objects has the Ray Operator add-on enabled.",
+        kind="stack",
+        rule=stack.check_ray_operator_addon,
+        remediation="Set addonsConfig.rayOperatorConfigs = [{enabled: true}] on the cluster.",
+    ),
+    PolicySpec(
+        name="tpu7x-workload-policy",
+        description=(
+            "A tpu7x node pool's workload policy is declared and its acceleratorTopology makes "
+            "a real slice with the pool's node count."
+        ),
+        kind="stack",
+        rule=stack.check_workload_policies,
+        remediation="Declare the ResourcePolicy (HIGH_THROUGHPUT, acceleratorTopology) in the stack.",
+    ),
+    PolicySpec(
+        name="pinned-ray-version",
+        description=(
+            "A KubeRay object names one explicit Ray version >= the minimum (2.55.0, the TPU "
+            "slice API) in rayVersion and in every Ray image tag; no latest, no untagged image."
+        ),
+        kind="resource",
+        rule=_ray_rule(ray_version.check_ray_version),
+        applies_to=_is_ray,
+        remediation="Pin rayVersion and image tags to the same Ray release, e.g. 2.60.0.",
+        options=(
+            Option(
+                key="minimumVersion",
+                keyword="minimum_version",
+                schema={"type": "string", "pattern": r"^\d+\.\d+\.\d+$"},
+                default=ray_version.DEFAULT_MINIMUM_VERSION,
+            ),
+        ),
+    ),
+    PolicySpec(
+        name="no-public-ray-head",
+        description=(
+            "No Ray head dashboard (8265), client (10001) or GCS (6379) port behind a "
+            "LoadBalancer Service, a public Ingress or a KubeRay head serviceType LoadBalancer: "
+            "Ray has no authentication."
+        ),
+        kind="resource",
+        rule=_exposure,
+        applies_to=_is_exposure_target,
+        remediation="Use ClusterIP and kubectl port-forward or IAP to reach the Ray head.",
+    ),
+    PolicySpec(
+        name="workload-identity",
+        description="A GKE cluster runs Workload Identity (workloadIdentityConfig.workloadPool).",
+        kind="resource",
+        rule=exposure.check_workload_identity,
+        applies_to=lambda t: t == CLUSTER,
+        remediation="Set workloadIdentityConfig.workloadPool to PROJECT.svc.id.goog.",
+    ),
+)
+
+BY_NAME: dict[str, PolicySpec] = {p.name: p for p in POLICIES}
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Enforcement level and options of each policy, after policy config."""
+
+    levels: Mapping[str, str]
+    options: Mapping[str, Mapping[str, Any]]
+
+
+def settings(config: Mapping[str, Any] | None = None) -> Settings:
+    """Reads Pulumi-style policy config; raises PolicyConfigError naming key, value, valid values."""
+    config = dict(config or {})
+    levels = {p.name: DEFAULT_ENFORCEMENT for p in POLICIES}
+    options: dict[str, dict[str, Any]] = {p.name: {} for p in POLICIES}
+    valid_names = ", ".join(["all", *BY_NAME])
+    if "all" in config:
+        level = _level("all", config.pop("all"))
+        levels = dict.fromkeys(levels, level)
+    for name, value in config.items():
+        if name not in BY_NAME:
+            raise PolicyConfigError(f"{name}: {name!r} is not a policy; valid: {valid_names}")
+        spec = BY_NAME[name]
+        if isinstance(value, str):
+            levels[name] = _level(name, value)
+            continue
+        if not isinstance(value, Mapping):
+            raise PolicyConfigError(
+                f"{name}: {value!r} is not valid; valid: an enforcement level "
+                f"({', '.join(ENFORCEMENT_LEVELS)}) or an object"
+            )
+        for key, item in value.items():
+            if key == "enforcementLevel":
+                levels[name] = _level(f"{name}.enforcementLevel", item)
+                continue
+            keys = {o.key: o for o in spec.options}
+            if key not in keys:
+                valid = ", ".join(["enforcementLevel", *keys])
+                raise PolicyConfigError(f"{name}.{key}: {key!r} is not an option; valid: {valid}")
+            if key == "minimumVersion" and (
+                not isinstance(item, str) or ray_version.parse_version(item) is None
+            ):
+                raise PolicyConfigError(
+                    f"{name}.{key}: {item!r} is not valid; valid: X.Y.Z, e.g. 2.55.0"
+                )
+            options[name][key] = item
+    return Settings(levels=levels, options=options)
+
+
+def _level(key: str, value: Any) -> str:
+    if value not in ENFORCEMENT_LEVELS:
+        raise PolicyConfigError(
+            f"{key}: {value!r} is not valid; valid: {', '.join(ENFORCEMENT_LEVELS)}"
+        )
+    return value
+
+
+# ----------------------------------------------------------------------------- offline runner
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One violation: the policy, its enforcement, the resource (None: the stack) and message."""
+
+    policy: str
+    enforcement: str
+    message: str
+    resource: ResourceLike | None = None
+
+    @property
+    def mandatory(self) -> bool:
+        return self.enforcement == "mandatory"
+
+
+def evaluate(
+    resources: Sequence[ResourceLike], config: Mapping[str, Any] | None = None
+) -> list[Violation]:
+    """Runs every enabled policy on ``resources`` exactly as given (props as the engine has them)."""
+    current = settings(config)
+    plain_resources = [_Plain(r.type, r.name, r.urn, plain(r.props), r) for r in resources]
+    violations: list[Violation] = []
+    for spec in POLICIES:
+        level = current.levels[spec.name]
+        if level == "disabled":
+            continue
+        opts = current.options[spec.name]
+        if spec.kind == "stack":
+            for message in spec.run(plain_resources, opts):
+                violations.append(Violation(spec.name, level, message))
+            continue
+        for resource in plain_resources:
+            if not spec.applies_to(resource.type):
+                continue
+            for message in spec.run(resource.props, opts):
+                violations.append(Violation(spec.name, level, message, resource.original))
+    return violations
+
+
+@dataclass(frozen=True)
+class _Plain:
+    type: str
+    name: str
+    urn: str
+    props: Mapping[str, Any]
+    original: ResourceLike
+
+
+__all__ = [
+    "BY_NAME",
+    "POLICIES",
+    "Option",
+    "PolicyConfigError",
+    "PolicySpec",
+    "Settings",
+    "Violation",
+    "evaluate",
+    "settings",
+]

@@ -1,0 +1,117 @@
+"""Rule 4: a KubeRay object pins one explicit Ray version, the same in ``rayVersion`` and images.
+
+Ray's TPU slice API (``ray.util.tpu``, JaxTrainer ``use_tpu``) is alpha and needs Ray >= 2.55;
+a cluster whose head and workers run different Ray versions fails at ``ray start``. So
+``rayVersion`` is an explicit ``X.Y.Z`` >= the minimum, and the Ray container (the first container
+of the head and of every worker group, as KubeRay reads it) names the same version in its image
+tag (``rayproject/ray:2.60.0-py311``); no ``latest``, no untagged image.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from policies.model import cluster_spec, pod_templates
+from policies.values import as_list, get, is_unknown
+
+DEFAULT_MINIMUM_VERSION = "2.55.0"
+_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+_TAG_VERSION = re.compile(r"^v?(\d+\.\d+\.\d+)(?:$|[-_.+])")
+
+
+def parse_version(text: str) -> tuple[int, int, int] | None:
+    found = _VERSION.match(text.strip())
+    return tuple(int(p) for p in found.groups()) if found else None  # type: ignore[return-value]
+
+
+def image_version(image: str) -> tuple[str | None, str]:
+    """(Ray version in the tag or None, why not): ``rayproject/ray:2.60.0-py311`` -> 2.60.0."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" not in last:
+        if "@" in image:
+            return None, "is pinned by digest only, with no version tag"
+        return None, "has no tag (Kubernetes pulls :latest)"
+    tag = last.rsplit(":", 1)[1]
+    found = _TAG_VERSION.match(tag)
+    if not found:
+        return None, f"has tag {tag!r}, which names no explicit Ray version"
+    return found.group(1), ""
+
+
+def check_ray_version(
+    props: Mapping[str, Any],
+    kind: str | None = None,
+    minimum_version: str = DEFAULT_MINIMUM_VERSION,
+) -> list[str]:
+    """Violations of the pinned-Ray rule for one RayCluster / RayService / RayJob."""
+    found = cluster_spec(props, kind)
+    if found is None:
+        return []
+    path, spec = found
+    minimum = parse_version(minimum_version)
+    if minimum is None:
+        raise ValueError(
+            f"minimumVersion: {minimum_version!r} is not valid; valid: X.Y.Z, e.g. 2.55.0"
+        )
+    violations: list[str] = []
+    ray_version = get(spec, "rayVersion")
+    pinned: str | None = None
+    if is_unknown(ray_version):
+        pass
+    elif not isinstance(ray_version, str) or not ray_version.strip():
+        violations.append(
+            f"{path}.rayVersion: not set; set it to the Ray version of the images "
+            f"(an explicit X.Y.Z >= {minimum_version})"
+        )
+    else:
+        parsed = parse_version(ray_version)
+        if parsed is None:
+            violations.append(
+                f"{path}.rayVersion: {ray_version!r} is not an explicit version; valid: X.Y.Z "
+                f">= {minimum_version}, e.g. 2.60.0"
+            )
+        elif parsed < minimum:
+            violations.append(
+                f"{path}.rayVersion: {ray_version} is older than {minimum_version}, the first "
+                f"Ray with the TPU slice API (ray.util.tpu); pin Ray >= {minimum_version} in "
+                f"rayVersion and images"
+            )
+            pinned = ray_version.strip()
+        else:
+            pinned = ray_version.strip()
+    for template_path, pod in pod_templates(props, kind):
+        containers = as_list(get(pod, "containers"))
+        if is_unknown(containers) or not containers:
+            continue
+        image = get(containers[0], "image")
+        field = f"{template_path}.containers[0].image"
+        if is_unknown(image):
+            continue
+        if not isinstance(image, str) or not image.strip():
+            violations.append(f"{field}: not set; name a Ray image tagged with {pinned or 'X.Y.Z'}")
+            continue
+        version, why = image_version(image.strip())
+        if version is None:
+            violations.append(
+                f"{field}: {image!r} {why}; tag it with the Ray version, e.g. "
+                f"rayproject/ray:{pinned or '2.60.0'}-py311"
+            )
+        elif pinned is not None and version != pinned:
+            violations.append(
+                f"{field}: {image!r} runs Ray {version} but rayVersion is {pinned}; head, workers "
+                f"and rayVersion must name the same Ray version"
+            )
+        elif pinned is None:
+            parsed = parse_version(version)
+            if parsed is not None and parsed < minimum:
+                violations.append(
+                    f"{field}: {image!r} runs Ray {version}, older than {minimum_version}; "
+                    f"use Ray >= {minimum_version}"
+                )
+    return violations
+
+
+__all__ = ["DEFAULT_MINIMUM_VERSION", "check_ray_version", "image_version", "parse_version"]

@@ -1,0 +1,205 @@
+"""Rule 3, stack level: Ray TPU worker groups have node pools to run on, and KubeRay runs at all.
+
+- Every TPU worker group finds node pools of its exact shape (generation, topology, chips per
+  host) with enough slices for the ``replicas`` of all groups of that shape: a multi-host pool is
+  one slice, a single-host pool holds one slice per node (its autoscaling max, else its node count).
+- A GKE cluster in a stack that declares KubeRay objects has the Ray Operator add-on
+  (``addonsConfig.rayOperatorConfigs[0].enabled``), which brings KubeRay and its TPU webhook.
+- A tpu7x pool's workload policy (``placementPolicy.policyName``) names a declared
+  ``gcp:compute/resourcePolicy:ResourcePolicy`` whose ``acceleratorTopology`` fits the pool.
+
+These apply to stacks that declare a GKE cluster or node pools; a set of bare Kubernetes manifests
+(``raytpu check k8s.yaml``) has no pools to compare with, and only the per-object rules apply.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from policies.model import (
+    NodePool,
+    ResourceLike,
+    kind_of,
+    node_pool,
+    object_label,
+    tpu_resources,
+    worker_groups,
+)
+from policies.rules.node_pool import WORKLOAD_POLICY_GENERATIONS, check_pool_shape
+from policies.values import as_int, as_map, get, is_unknown
+from raytpu import catalog
+
+ShapeKey = tuple[str, str, int]
+
+
+def _key(shape: catalog.SliceShape) -> ShapeKey:
+    return (shape.generation.name, shape.topology, shape.chips_per_host)
+
+
+def _label(key: ShapeKey) -> str:
+    gen, topology, chips = key
+    shape = catalog.shape(gen, topology, chips_per_host=chips)
+    return f"{shape.name} on {shape.machine_type}"
+
+
+def _pool_name(resource: ResourceLike, pool: NodePool) -> str:
+    return pool.name if isinstance(pool.name, str) else resource.name
+
+
+def _workload_topology(pool: NodePool, policies: Sequence[ResourceLike]) -> Any:
+    """acceleratorTopology of the ResourcePolicy the pool names (None: not found, or UNKNOWN)."""
+    wanted = pool.policy_name
+    if not isinstance(wanted, str):
+        return None
+    for policy in policies:
+        name = get(policy.props, "name")
+        names = {policy.name, name} if isinstance(name, str) else {policy.name}
+        if wanted in names or any(wanted.endswith(f"/{n}") for n in names):
+            return get(policy.props, "workloadPolicy.acceleratorTopology")
+    return None
+
+
+def pool_slices(resource: ResourceLike, policies: Sequence[ResourceLike] = ()) -> Any:
+    """(shape key, slices) a TPU node pool offers, or None when its shape is unknown or invalid."""
+    pool = node_pool(resource.props)
+    topology = pool.topology
+    try:
+        gen = catalog.shape_from_machine_type(pool.machine_type, None).generation
+    except catalog.CatalogError:
+        return None
+    if topology is None and gen.name in WORKLOAD_POLICY_GENERATIONS:
+        topology = _workload_topology(pool, policies)
+    if is_unknown(topology):
+        return None
+    try:
+        shape = pool.shape(topology)
+    except catalog.CatalogError:
+        return None
+    if shape.multi_host:
+        return _key(shape), 1
+    autoscaling = as_map(pool.autoscaling)
+    high = None if is_unknown(autoscaling) else as_int(autoscaling.get("maxNodeCount"))
+    nodes = high if isinstance(high, int) else pool.count
+    if not isinstance(nodes, int):
+        nodes = 1 if nodes is None else 0
+    return _key(shape), nodes
+
+
+def check_slices_for_groups(resources: Sequence[ResourceLike]) -> list[str]:
+    """Every TPU worker group has node pools of its shape with enough slices for its replicas."""
+    roles = tpu_resources(resources)
+    if not roles["clusters"] and not roles["pools"]:
+        return []
+    offered: dict[ShapeKey, int] = defaultdict(int)
+    pool_names: dict[ShapeKey, list[str]] = defaultdict(list)
+    other_shapes: set[ShapeKey] = set()
+    for resource in roles["pools"]:
+        found = pool_slices(resource, roles["policies"])
+        if found is None:
+            pool = node_pool(resource.props)
+            if is_unknown(pool.topology) or is_unknown(pool.machine_type):
+                return []  # a pool of unknown shape could be the one: do not guess
+            continue
+        key, slices = found
+        offered[key] += slices
+        pool_names[key].append(_pool_name(resource, node_pool(resource.props)))
+        other_shapes.add(key)
+    needed: dict[ShapeKey, list[tuple[str, int]]] = defaultdict(list)
+    for resource in roles["ray"]:
+        for group in worker_groups(resource.props, kind_of(resource.props, resource.type)):
+            if not group.requests_tpu or is_unknown(group.chips_per_host):
+                continue
+            if not isinstance(group.chips_per_host, int):
+                continue
+            try:
+                shape = group.shape()
+            except (catalog.CatalogError, TypeError, ValueError):
+                continue  # rule 2 reports the shape itself
+            replicas = group.replicas
+            if is_unknown(replicas):
+                continue
+            replicas = 1 if replicas is None else replicas
+            if not isinstance(replicas, int):
+                continue
+            who = f"{object_label(resource)} group {group.label!r} ({group.path})"
+            needed[_key(shape)].append((who, replicas))
+    violations = []
+    for key, users in needed.items():
+        total = sum(n for _, n in users)
+        have = offered.get(key, 0)
+        if total <= have:
+            continue
+        names = ", ".join(f"{who} x{n}" for who, n in users)
+        pools = ", ".join(pool_names.get(key, [])) or "none"
+        others = ", ".join(_label(k) for k in sorted(other_shapes - {key})) or "none"
+        violations.append(
+            f"{names}: {total} slice(s) of {_label(key)} needed, but the stack's node pools of "
+            f"that shape offer {have} (pools: {pools}; other TPU pool shapes: {others}); add node "
+            f"pools of this shape (slice count) or lower replicas"
+        )
+    return violations
+
+
+def check_ray_operator_addon(resources: Sequence[ResourceLike]) -> list[str]:
+    """A stack with KubeRay objects runs them on a cluster with the Ray Operator add-on."""
+    roles = tpu_resources(resources)
+    if not roles["ray"]:
+        return []
+    kinds = sorted({object_label(r) for r in roles["ray"]})
+    violations = []
+    for cluster in roles["clusters"]:
+        enabled_path = "addonsConfig.rayOperatorConfigs[0].enabled"
+        enabled = get(cluster.props, enabled_path)
+        if is_unknown(enabled) or enabled is True:
+            continue
+        shown = "not set" if enabled is None else f"{enabled!r}"
+        violations.append(
+            f"{object_label(cluster)}: {enabled_path} is {shown}, but the stack declares "
+            f"{', '.join(kinds)}; enable the Ray Operator add-on (addonsConfig.rayOperatorConfigs "
+            f"= [{{enabled: true}}], GKE >= 1.30.0-gke.1747000), which runs KubeRay and its TPU "
+            f"webhook"
+        )
+    return violations
+
+
+def check_workload_policies(resources: Sequence[ResourceLike]) -> list[str]:
+    """tpu7x pools with a workload policy: the policy exists and its topology fits the pool."""
+    roles = tpu_resources(resources)
+    violations = []
+    for resource in roles["pools"]:
+        pool = node_pool(resource.props)
+        try:
+            gen = catalog.shape_from_machine_type(pool.machine_type, None).generation
+        except catalog.CatalogError:
+            continue
+        if gen.name not in WORKLOAD_POLICY_GENERATIONS or pool.topology is not None:
+            continue
+        if not isinstance(pool.policy_name, str):
+            continue
+        topology = _workload_topology(pool, roles["policies"])
+        name = _pool_name(resource, pool)
+        if topology is None:
+            known = ", ".join(str(get(p.props, "name") or p.name) for p in roles["policies"])
+            violations.append(
+                f"NodePool/{name}: placementPolicy.policyName {pool.policy_name!r} names no "
+                f"declared ResourcePolicy with workloadPolicy.acceleratorTopology (declared: "
+                f"{known or 'none'}); declare it in the stack so its topology can be checked"
+            )
+            continue
+        if is_unknown(topology):
+            continue
+        for message in check_pool_shape(
+            pool, topology=topology, source="workloadPolicy.acceleratorTopology"
+        ):
+            violations.append(f"NodePool/{name}: {message}")
+    return violations
+
+
+__all__ = [
+    "check_ray_operator_addon",
+    "check_slices_for_groups",
+    "check_workload_policies",
+    "pool_slices",
+]
