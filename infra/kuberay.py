@@ -1,0 +1,245 @@
+"""Pure builders of KubeRay objects (``ray.io/v1``): plain dicts, camelCase as the CRDs want.
+
+No pulumi import: the Pulumi components, the RayJob builder, the policy pack and the tests all use
+these, and ``raytpu.crds`` checks their output against the real CRD schemas.
+
+Glossary (KubeRay's and Ray's words):
+
+- **head group**: the Ray head pod (GCS, dashboard, autoscaler). Here it runs on the CPU node pool
+  and advertises no CPUs (``num-cpus: 0``) so that no task lands on it.
+- **worker group**: pods of one shape. For TPUs one **replica** is one whole slice and
+  ``numOfHosts`` is the hosts of that slice: KubeRay creates ``replicas x numOfHosts`` pods, and
+  GKE's TPU webhook checks ``numOfHosts`` against the topology node selector.
+- **serveConfigV2**: the Ray Serve config (YAML text) a RayService deploys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from infra.config import (
+    RayClusterConfig,
+    RayServiceConfig,
+    StackConfig,
+    WorkerResources,
+)
+from raytpu.catalog import TPU_RESOURCE, TPU_TAINT_KEY, SliceShape
+
+__all__ = [
+    "API_VERSION",
+    "NODE_POOL_LABEL",
+    "TPU_TOLERATION",
+    "head_group",
+    "head_service_name",
+    "ray_cluster_object",
+    "ray_cluster_spec",
+    "ray_service_object",
+    "ray_service_spec",
+    "serve_config_v2",
+    "serve_service_name",
+    "tpu_worker_group",
+]
+
+API_VERSION = "ray.io/v1"
+NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
+"""GKE puts this label (value: the node pool name) on every node; heads select the CPU pool by it."""
+TPU_TOLERATION: Mapping[str, str] = {
+    "key": TPU_TAINT_KEY,
+    "operator": "Exists",
+    "effect": "NoSchedule",
+}
+"""GKE taints TPU nodes ``google.com/tpu=present:NoSchedule``; TPU pods tolerate it."""
+TPU_GROUP_NAME = "tpu-group"
+HEAD_PORTS = (("gcs", 6379), ("dashboard", 8265), ("client", 10001), ("serve", 8000))
+DASHBOARD_PORT = 8265
+MXLA_PORT = 8081
+"""Multi-host TPU slices talk over the megascale/XLA port."""
+
+
+def head_service_name(name: str) -> str:
+    """KubeRay's head Service of RayCluster (or RayService) ``name``."""
+    return f"{name}-head-svc"
+
+
+def serve_service_name(name: str) -> str:
+    """KubeRay's Serve traffic Service of RayService ``name``."""
+    return f"{name}-serve-svc"
+
+
+def _resources(resources: WorkerResources, tpu_chips: int | None = None) -> dict[str, Any]:
+    """Requests == limits (Guaranteed QoS); TPU chips as the ``google.com/tpu`` resource."""
+    amounts: dict[str, str] = {"cpu": resources.cpu, "memory": resources.memory}
+    if tpu_chips is not None:
+        amounts[TPU_RESOURCE] = str(tpu_chips)
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def head_group(image: str, resources: WorkerResources, cpu_pool: str) -> dict[str, Any]:
+    """The head group: on the CPU node pool ``cpu_pool``, no CPUs offered to Ray tasks."""
+    return {
+        "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
+        "template": {
+            "spec": {
+                "nodeSelector": {NODE_POOL_LABEL: cpu_pool},
+                "containers": [
+                    {
+                        "name": "ray-head",
+                        "image": image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "resources": _resources(resources),
+                        "ports": [{"name": n, "containerPort": p} for n, p in HEAD_PORTS],
+                    }
+                ],
+            }
+        },
+    }
+
+
+def tpu_worker_group(
+    shape: SliceShape,
+    replicas: int,
+    image: str,
+    *,
+    min_replicas: int | None = None,
+    max_replicas: int | None = None,
+    resources: WorkerResources | None = None,
+    group_name: str = TPU_GROUP_NAME,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A worker group of ``replicas`` whole slices of ``shape``.
+
+    ``numOfHosts`` = hosts per slice, ``google.com/tpu`` requests == limits == chips per host,
+    both TPU node selectors, and the TPU toleration.
+    """
+    if replicas < 0:
+        raise ValueError(f"replicas: {replicas!r} is not valid; valid: an integer >= 0")
+    low = replicas if min_replicas is None else min_replicas
+    high = replicas if max_replicas is None else max_replicas
+    if not 0 <= low <= replicas <= high:
+        raise ValueError(
+            f"minReplicas/replicas/maxReplicas: {low}/{replicas}/{high} is not valid; "
+            "valid: 0 <= minReplicas <= replicas <= maxReplicas"
+        )
+    container: dict[str, Any] = {
+        "name": "ray-worker",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "resources": _resources(
+            resources or WorkerResources(cpu="8", memory="32Gi"), shape.chips_per_host
+        ),
+    }
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    if shape.multi_host:
+        container["ports"] = [{"name": "mxla", "containerPort": MXLA_PORT}]
+    return {
+        "groupName": group_name,
+        "replicas": replicas,
+        "minReplicas": low,
+        "maxReplicas": high,
+        "numOfHosts": shape.hosts,
+        "rayStartParams": {},
+        "template": {
+            "metadata": {
+                "labels": {
+                    "ray-tpu/generation": shape.generation.name,
+                    "ray-tpu/topology": shape.topology,
+                }
+            },
+            "spec": {
+                "nodeSelector": dict(shape.node_selector),
+                "tolerations": [dict(TPU_TOLERATION)],
+                "containers": [container],
+            },
+        },
+    }
+
+
+def _cluster_spec(stack: StackConfig, obj: RayClusterConfig | RayServiceConfig) -> dict[str, Any]:
+    image = stack.image_for(obj)
+    shape = stack.slice(obj.slice).shape
+    return {
+        "rayVersion": stack.ray_version,
+        "enableInTreeAutoscaling": obj.min_replicas != obj.max_replicas,
+        "headGroupSpec": head_group(image, obj.head, stack.cluster.cpu_pool.name),
+        "workerGroupSpecs": [
+            tpu_worker_group(
+                shape,
+                obj.replicas,
+                image,
+                min_replicas=obj.min_replicas,
+                max_replicas=obj.max_replicas,
+                resources=obj.worker,
+            )
+        ],
+    }
+
+
+def ray_cluster_spec(stack: StackConfig, cluster: RayClusterConfig) -> dict[str, Any]:
+    """``spec`` of the RayCluster ``cluster``: head on the CPU pool, one TPU worker group."""
+    return _cluster_spec(stack, cluster)
+
+
+def serve_config_v2(service: RayServiceConfig) -> str:
+    """The Serve config of ``service`` as YAML text (what ``serveConfigV2`` holds)."""
+    app: dict[str, Any] = {
+        "name": service.application_name,
+        "import_path": service.import_path,
+        "route_prefix": service.route_prefix,
+    }
+    if service.runtime_env:
+        app["runtime_env"] = _plain(service.runtime_env)
+    return yaml.safe_dump({"applications": [app]}, sort_keys=False)
+
+
+def ray_service_spec(stack: StackConfig, service: RayServiceConfig) -> dict[str, Any]:
+    """``spec`` of the RayService ``service``: its Serve config and its RayCluster."""
+    return {
+        "serveConfigV2": serve_config_v2(service),
+        "rayClusterConfig": _cluster_spec(stack, service),
+    }
+
+
+def _labels(stack: StackConfig, obj: RayClusterConfig | RayServiceConfig) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/managed-by": "pulumi",
+        "app.kubernetes.io/part-of": "ray-tpu",
+        "ray-tpu/slice": obj.slice,
+        "ray-tpu/cluster": stack.cluster.name,
+    }
+
+
+def metadata(stack: StackConfig, obj: RayClusterConfig | RayServiceConfig) -> dict[str, Any]:
+    return {"name": obj.name, "namespace": obj.namespace, "labels": _labels(stack, obj)}
+
+
+def ray_cluster_object(stack: StackConfig, cluster: RayClusterConfig) -> dict[str, Any]:
+    """The whole RayCluster manifest (apiVersion, kind, metadata, spec)."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "RayCluster",
+        "metadata": metadata(stack, cluster),
+        "spec": ray_cluster_spec(stack, cluster),
+    }
+
+
+def ray_service_object(stack: StackConfig, service: RayServiceConfig) -> dict[str, Any]:
+    """The whole RayService manifest (apiVersion, kind, metadata, spec)."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "RayService",
+        "metadata": metadata(stack, service),
+        "spec": ray_service_spec(stack, service),
+    }
+
+
+def _plain(value: Any) -> Any:
+    """Read-only mappings (config is frozen) back to dicts, for YAML and the engine."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value

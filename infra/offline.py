@@ -1,0 +1,141 @@
+"""Run the Pulumi program offline, under ``pulumi.runtime.set_mocks``: no engine, no cloud.
+
+Every resource the program registers is recorded with its inputs *as the engine sees them*
+(camelCase keys, numbers as floats) and the stack outputs are resolved. Runs are repeatable in
+one process: each run resets Pulumi's runtime settings and its root stack.
+
+    resources, outputs = run_stack("dev")
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra.config import StackConfig, load_stack
+
+__all__ = ["DeclaredResource", "ProgramRun", "run_program", "run_program_detailed", "run_stack"]
+
+PROJECT = "ray-tpu"
+MOCK_ENDPOINT = "203.0.113.10"
+MOCK_CA = base64.b64encode(
+    b"-----BEGIN CERTIFICATE-----\nmock\n-----END CERTIFICATE-----\n"
+).decode()
+
+
+@dataclass(frozen=True)
+class DeclaredResource:
+    """One ``RegisterResource`` call of the program."""
+
+    type: str
+    """Pulumi type token, e.g. ``gcp:container/nodePool:NodePool``."""
+    name: str
+    urn: str
+    props: dict[str, Any]
+    """Inputs as the engine sees them: camelCase keys, numbers as floats."""
+    parent: str | None
+    """URN of the parent resource (``None`` for the root stack)."""
+    custom: bool = True
+    """False for component resources."""
+
+
+@dataclass(frozen=True)
+class ProgramRun:
+    resources: list[DeclaredResource]
+    outputs: dict[str, Any]
+    secret_outputs: frozenset[str] = field(default_factory=frozenset)
+
+    def of_type(self, type_: str) -> list[DeclaredResource]:
+        return [r for r in self.resources if r.type == type_]
+
+
+def _mock_state(type_: str, name: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Plausible outputs the cloud would return for a resource (inputs plus computed fields)."""
+    state = dict(inputs)
+    if type_ == "gcp:container/cluster:Cluster":
+        state.setdefault("name", name)
+        state["endpoint"] = MOCK_ENDPOINT
+        state["masterAuth"] = {
+            "clusterCaCertificate": MOCK_CA,
+            "clientCertificateConfig": {"issueClientCertificate": False},
+        }
+        state["selfLink"] = f"https://container.googleapis.com/v1/clusters/{state['name']}"
+    elif type_ == "gcp:container/nodePool:NodePool":
+        state.setdefault("name", name)
+        state["instanceGroupUrls"] = [f"https://compute.googleapis.com/mock/igm/{state['name']}"]
+    elif type_ == "gcp:compute/resourcePolicy:ResourcePolicy":
+        state.setdefault("name", name)
+        state["selfLink"] = f"https://compute.googleapis.com/mock/resourcePolicies/{state['name']}"
+    return state
+
+
+def run_program_detailed(config: StackConfig, *, stack: str = "dev") -> ProgramRun:
+    """Declare ``config`` under mocks; return resources, resolved outputs and secret names."""
+    import pulumi
+    from pulumi.runtime import mocks, rpc, settings
+    from pulumi.runtime.proto import resource_pb2
+    from pulumi.runtime.stack import run_pulumi_func
+    from pulumi.runtime.sync_await import _sync_await
+
+    from infra.program import declare
+
+    records: list[DeclaredResource] = []
+
+    class Mocks(pulumi.runtime.Mocks):
+        def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+            return f"{args.name}-id", _mock_state(args.typ, args.name, args.inputs)
+
+        def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list | None]:
+            return {}, None
+
+    class RecordingMonitor(mocks.MockMonitor):
+        def RegisterResource(self, request: Any) -> resource_pb2.RegisterResourceResponse:
+            response = super().RegisterResource(request)
+            if request.type != "pulumi:pulumi:Stack":
+                records.append(
+                    DeclaredResource(
+                        type=request.type,
+                        name=request.name,
+                        urn=response.urn,
+                        # Deserialized exactly as the mock monitor hands them to new_resource.
+                        props=dict(rpc.deserialize_properties(request.object)),
+                        parent=request.parent or None,
+                        custom=bool(request.custom),
+                    )
+                )
+            return response
+
+    # A fresh runtime for every run: no root stack, no pending RPCs from a previous run.
+    settings.reset_options(project=PROJECT, stack=stack, preview=False)
+    mock_impl = Mocks()
+    mocks.set_mocks(
+        mock_impl, project=PROJECT, stack=stack, preview=False, monitor=RecordingMonitor(mock_impl)
+    )
+    root = settings.get_root_resource()
+
+    _sync_await(run_pulumi_func(lambda: declare(config)))
+
+    outputs: dict[str, Any] = {}
+    secret: set[str] = set()
+    for key, value in getattr(root, "outputs", {}).items():
+        output = pulumi.Output.from_input(value)
+        outputs[key] = _sync_await(output.future())
+        if _sync_await(output.is_secret()):
+            secret.add(key)
+    settings.reset_options(project=PROJECT, stack=stack)
+    return ProgramRun(records, outputs, frozenset(secret))
+
+
+def run_program(
+    config: StackConfig, *, stack: str = "dev"
+) -> tuple[list[DeclaredResource], dict[str, Any]]:
+    """Declare ``config`` under mocks: (every resource with its inputs, resolved stack outputs)."""
+    run = run_program_detailed(config, stack=stack)
+    return run.resources, run.outputs
+
+
+def run_stack(stack: str) -> tuple[list[DeclaredResource], dict[str, Any]]:
+    """``load_stack(stack)`` then :func:`run_program`; a ``ConfigError`` comes before anything
+    is declared."""
+    return run_program(load_stack(stack), stack=stack)
