@@ -10,12 +10,23 @@ one process: each run resets Pulumi's runtime settings and its root stack.
 from __future__ import annotations
 
 import base64
+import json
+import runpy
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.config import StackConfig, load_stack
+from infra.config import StackConfig, load_stack, project_root
 
-__all__ = ["DeclaredResource", "ProgramRun", "run_program", "run_program_detailed", "run_stack"]
+__all__ = [
+    "DeclaredResource",
+    "ProgramRun",
+    "engine_config",
+    "run_entrypoint",
+    "run_program",
+    "run_program_detailed",
+    "run_stack",
+]
 
 PROJECT = "ray-tpu"
 MOCK_ENDPOINT = "203.0.113.10"
@@ -38,6 +49,8 @@ class DeclaredResource:
     """URN of the parent resource (``None`` for the root stack)."""
     custom: bool = True
     """False for component resources."""
+    dependencies: tuple[str, ...] = ()
+    """URNs this resource waits for (``depends_on`` and inputs from other resources)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,7 @@ class ProgramRun:
     resources: list[DeclaredResource]
     outputs: dict[str, Any]
     secret_outputs: frozenset[str] = field(default_factory=frozenset)
+    error: BaseException | None = None
 
     def of_type(self, type_: str) -> list[DeclaredResource]:
         return [r for r in self.resources if r.type == type_]
@@ -70,15 +84,14 @@ def _mock_state(type_: str, name: str, inputs: dict[str, Any]) -> dict[str, Any]
     return state
 
 
-def run_program_detailed(config: StackConfig, *, stack: str = "dev") -> ProgramRun:
-    """Declare ``config`` under mocks; return resources, resolved outputs and secret names."""
+def _run(body: Callable[[], None], *, stack: str, config: Mapping[str, str]) -> ProgramRun:
+    """Run ``body`` (which declares resources) under mocks and record everything it does."""
     import pulumi
+    from pulumi.runtime import config as runtime_config
     from pulumi.runtime import mocks, rpc, settings
     from pulumi.runtime.proto import resource_pb2
     from pulumi.runtime.stack import run_pulumi_func
     from pulumi.runtime.sync_await import _sync_await
-
-    from infra.program import declare
 
     records: list[DeclaredResource] = []
 
@@ -102,29 +115,71 @@ def run_program_detailed(config: StackConfig, *, stack: str = "dev") -> ProgramR
                         props=dict(rpc.deserialize_properties(request.object)),
                         parent=request.parent or None,
                         custom=bool(request.custom),
+                        dependencies=tuple(request.dependencies),
                     )
                 )
             return response
 
-    # A fresh runtime for every run: no root stack, no pending RPCs from a previous run.
+    # A fresh runtime for every run: no root stack, no pending RPCs, only this run's config.
     settings.reset_options(project=PROJECT, stack=stack, preview=False)
+    runtime_config.set_all_config(dict(config), [])
     mock_impl = Mocks()
     mocks.set_mocks(
         mock_impl, project=PROJECT, stack=stack, preview=False, monitor=RecordingMonitor(mock_impl)
     )
     root = settings.get_root_resource()
-
-    _sync_await(run_pulumi_func(lambda: declare(config)))
-
     outputs: dict[str, Any] = {}
     secret: set[str] = set()
-    for key, value in getattr(root, "outputs", {}).items():
-        output = pulumi.Output.from_input(value)
-        outputs[key] = _sync_await(output.future())
-        if _sync_await(output.is_secret()):
-            secret.add(key)
-    settings.reset_options(project=PROJECT, stack=stack)
-    return ProgramRun(records, outputs, frozenset(secret))
+    error: BaseException | None = None
+    try:
+        _sync_await(run_pulumi_func(body))
+        for key, value in getattr(root, "outputs", {}).items():
+            output = pulumi.Output.from_input(value)
+            outputs[key] = _sync_await(output.future())
+            if _sync_await(output.is_secret()):
+                secret.add(key)
+    except Exception as caught:  # handed back to the caller in ProgramRun.error
+        error = caught
+    finally:
+        runtime_config.set_all_config({}, [])
+        settings.reset_options(project=PROJECT, stack=stack)
+    return ProgramRun(records, outputs, frozenset(secret), error)
+
+
+def run_program_detailed(config: StackConfig, *, stack: str = "dev") -> ProgramRun:
+    """Declare ``config`` under mocks; return resources, resolved outputs and secret names.
+
+    An error of the program is raised (after the runtime is reset)."""
+    from infra.program import declare
+
+    run = _run(lambda: declare(config), stack=stack, config={})
+    if run.error is not None:
+        raise run.error
+    return run
+
+
+def engine_config(raw: Mapping[str, Any]) -> dict[str, str]:
+    """``config:`` of a stack file as the engine hands it to a program: structured values as
+    JSON text, everything else as strings."""
+    encoded: dict[str, str] = {}
+    for key, value in raw.items():
+        if isinstance(value, str):
+            encoded[key] = value
+        else:
+            encoded[key] = json.dumps(value)
+    return encoded
+
+
+def run_entrypoint(raw: Mapping[str, Any], *, stack: str = "dev") -> ProgramRun:
+    """Run the real ``__main__.py`` (``from_pulumi()`` then ``declare``) with ``raw`` as the
+    stack's config. Errors are returned in ``ProgramRun.error`` with whatever was declared
+    before them (for a bad config: nothing)."""
+    main = project_root() / "__main__.py"
+    return _run(
+        lambda: runpy.run_path(str(main), run_name="__main__"),
+        stack=stack,
+        config=engine_config(raw),
+    )
 
 
 def run_program(
