@@ -1,0 +1,207 @@
+"""The GitHub workflows: they parse, cover every stack, apply the policy pack, pin every action,
+authenticate by Workload Identity Federation only, and hold no credentials."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOWS = REPO / ".github" / "workflows"
+NAMES = ("ci", "preview", "deploy")
+STACKS = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in REPO.glob("Pulumi.*.yaml"))
+VERSION_REF = re.compile(r"^v\d+(\.\d+){0,2}$|^[0-9a-f]{40}$")
+PULUMI_ACTION = "pulumi/actions"
+AUTH_ACTION = "google-github-actions/auth"
+
+
+def _load(name: str) -> dict[str, Any]:
+    return yaml.safe_load((WORKFLOWS / f"{name}.yml").read_text())
+
+
+def _triggers(workflow: dict[str, Any]) -> dict[str, Any]:
+    # YAML 1.1 reads the bare key `on` as the boolean True.
+    triggers = workflow.get("on", workflow.get(True))
+    return {t: None for t in triggers} if isinstance(triggers, list) else dict(triggers)
+
+
+def _steps(workflow: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(job id, job, step) for every step of every job."""
+    return [
+        (job_id, job, step)
+        for job_id, job in workflow["jobs"].items()
+        for step in job.get("steps", [])
+    ]
+
+
+def _action(step: dict[str, Any]) -> str:
+    return step.get("uses", "").split("@")[0]
+
+
+def _pulumi_runs(workflow: dict[str, Any], command: str) -> list[tuple[dict[str, Any], str, str]]:
+    """(job, stack expression, policy packs) of each `pulumi <command>`, by action or CLI."""
+    found = []
+    for _, job, step in _steps(workflow):
+        inputs = step.get("with", {})
+        if _action(step) == PULUMI_ACTION and inputs.get("command") == command:
+            found.append((job, str(inputs["stack-name"]), str(inputs.get("policyPacks", ""))))
+        for line in step.get("run", "").splitlines():
+            if re.search(rf"\bpulumi {command}\b", line):
+                stack = re.search(r"--stack[ =](\S+)", line)
+                packs = " ".join(re.findall(r"--policy-pack[ =](\S+)", line))
+                found.append((job, stack.group(1) if stack else "", packs))
+    return found
+
+
+def _stacks_of(job: dict[str, Any], stack_expression: str) -> list[str]:
+    if stack_expression == "${{ matrix.stack }}":
+        return [str(s) for s in job["strategy"]["matrix"]["stack"]]
+    return [stack_expression]
+
+
+def test_the_repository_has_stacks() -> None:
+    assert {"dev", "prod"} <= set(STACKS)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_workflow_parses_and_has_jobs(name: str) -> None:
+    workflow = _load(name)
+    assert workflow["jobs"], name
+    assert _triggers(workflow), name
+
+
+def test_ci_runs_make_test_with_python_311_on_pull_requests_and_pushes() -> None:
+    workflow = _load("ci")
+    assert {"pull_request", "push"} <= set(_triggers(workflow))
+    steps = [step for _, _, step in _steps(workflow)]
+    assert any(step.get("run", "").strip() == "make test" for step in steps)
+    pythons = [s["with"]["python-version"] for s in steps if _action(s) == "actions/setup-python"]
+    assert pythons == ["3.11"]
+
+
+@pytest.mark.parametrize(
+    ("name", "command", "trigger"),
+    [("preview", "preview", "pull_request"), ("deploy", "up", "push")],
+    ids=["preview-on-pull-requests", "up-on-main"],
+)
+def test_every_stack_is_covered_with_the_policy_pack(name: str, command: str, trigger: str) -> None:
+    workflow = _load(name)
+    assert trigger in _triggers(workflow)
+    runs = _pulumi_runs(workflow, command)
+    covered = [stack for job, expr, _ in runs for stack in _stacks_of(job, expr)]
+    assert sorted(covered) == STACKS, f"{name}.yml must run pulumi {command} once per stack"
+    assert all(packs == "policies" for _, _, packs in runs), runs
+
+
+def test_preview_is_posted_on_the_pull_request() -> None:
+    workflow = _load("preview")
+    for job_id, job, step in _steps(workflow):
+        if _action(step) == PULUMI_ACTION:
+            assert step["with"]["comment-on-pr"] is True
+            assert job["permissions"]["pull-requests"] == "write", job_id
+
+
+def test_previews_and_deploys_wait_for_the_tests() -> None:
+    for name in ("preview", "deploy"):
+        jobs = _load(name)["jobs"]
+        assert jobs["test"]["uses"] == "./.github/workflows/ci.yml"
+        pulumi_jobs = {
+            job_id for job_id, _, step in _steps(_load(name)) if _action(step) == PULUMI_ACTION
+        }
+        for job_id in pulumi_jobs:
+            assert jobs[job_id]["needs"] in ("test", "dev"), job_id
+
+
+def test_prod_is_deployed_after_dev_behind_the_prod_environment() -> None:
+    jobs = _load("deploy")["jobs"]
+    assert _triggers(_load("deploy"))["push"]["branches"] == ["main"]
+    assert jobs["prod"]["needs"] == "dev"
+    assert jobs["prod"]["environment"] == "prod"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_action_is_pinned_to_a_version(name: str) -> None:
+    for job_id, job in _load(name)["jobs"].items():
+        uses = [job["uses"]] if "uses" in job else []
+        uses += [step["uses"] for step in job.get("steps", []) if "uses" in step]
+        for ref in uses:
+            if ref.startswith("./"):
+                continue  # a workflow of this repository, at this commit
+            _, _, version = ref.partition("@")
+            assert VERSION_REF.match(version), f"{name}.yml {job_id}: {ref} is not pinned"
+    text = (WORKFLOWS / f"{name}.yml").read_text()
+    assert not re.search(r"@(latest|main|master)\b", text)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_auth_is_workload_identity_federation_with_an_id_token(name: str) -> None:
+    workflow = _load(name)
+    for job_id, job, step in _steps(workflow):
+        if _action(step) != AUTH_ACTION:
+            continue
+        inputs = step["with"]
+        assert set(inputs) == {"workload_identity_provider", "service_account"}, job_id
+        assert all(v.startswith("${{ vars.") for v in inputs.values()), inputs
+        permissions = job.get("permissions") or workflow.get("permissions", {})
+        assert permissions.get("id-token") == "write", f"{name}.yml {job_id}"
+
+
+def test_the_pulumi_jobs_authenticate_before_pulumi_runs() -> None:
+    for name in ("preview", "deploy"):
+        for job_id, job in _load(name)["jobs"].items():
+            actions = [_action(step) for step in job.get("steps", [])]
+            if PULUMI_ACTION in actions:
+                assert AUTH_ACTION in actions, job_id
+                assert actions.index(AUTH_ACTION) < actions.index(PULUMI_ACTION), job_id
+                gcloud = [
+                    s for s in job["steps"] if _action(s) == "google-github-actions/setup-gcloud"
+                ]
+                assert "gke-gcloud-auth-plugin" in gcloud[0]["with"]["install_components"]
+
+
+CREDENTIAL_PATTERNS = [
+    ("credentials_json", re.compile(r"credentials_json")),
+    ("service-account-key", re.compile(r'"type":\s*"service_account"')),
+    ("private-key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
+    ("pulumi-token", re.compile(r"\bpul-[0-9a-f]{40}\b")),
+    ("google-api-key", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b")),
+]
+SCANNED_SUFFIXES = {".yml", ".yaml", ".py", ".json", ".md", ".toml", ".cfg", ".txt", ""}
+SKIPPED_DIRS = {".git", ".venv", "__pycache__", ".ruff_cache", ".pytest_cache", ".kuberay"}
+"""Not ours: tools, caches, and the KubeRay checkout CI makes for the CRDs."""
+
+
+def _repository_files() -> list[Path]:
+    files = []
+    for root, dirs, names in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS and not d.endswith(".egg-info")]
+        for file_name in names:
+            path = Path(root) / file_name
+            if path.suffix in SCANNED_SUFFIXES and path != Path(__file__):
+                files.append(path)
+    return files
+
+
+@pytest.mark.parametrize(
+    "pattern", [p for _, p in CREDENTIAL_PATTERNS], ids=[n for n, _ in CREDENTIAL_PATTERNS]
+)
+def test_no_credentials_in_the_repository(pattern: re.Pattern[str]) -> None:
+    hits = [
+        str(path.relative_to(REPO))
+        for path in _repository_files()
+        if pattern.search(path.read_text(errors="ignore"))
+    ]
+    assert hits == []
+
+
+def test_secrets_come_only_from_github_secrets() -> None:
+    for name in NAMES:
+        for _, _, step in _steps(_load(name)):
+            for key, value in (step.get("env") or {}).items():
+                if "TOKEN" in key or "PASSPHRASE" in key:
+                    assert re.fullmatch(r"\$\{\{ secrets\.[A-Z_]+ \}\}", value), (name, key)
