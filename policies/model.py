@@ -201,15 +201,18 @@ def worker_groups(props: Mapping[str, Any], kind: str | None = None) -> list[Wor
         if not isinstance(group, Mapping):
             continue
         containers = as_list(get(group, "template.spec.containers"))
-        containers = [] if is_unknown(containers) else containers
+        if is_unknown(containers):
+            requests = limits = UNKNOWN
+        else:
+            requests, limits = _sum_tpu(containers, "requests"), _sum_tpu(containers, "limits")
         result.append(
             WorkerGroup(
                 path=f"{path}.workerGroupSpecs[{i}]",
                 name=get(group, "groupName"),
                 replicas=_int_or_raw(get(group, "replicas")),
                 num_of_hosts=_int_or_raw(get(group, "numOfHosts")),
-                tpu_requests=_sum_tpu(containers, "requests"),
-                tpu_limits=_sum_tpu(containers, "limits"),
+                tpu_requests=requests,
+                tpu_limits=limits,
                 node_selector=get(group, "template.spec.nodeSelector"),
                 containers=containers,
             )

@@ -135,8 +135,10 @@ def _count_violations(pool: NodePool, shape: catalog.SliceShape) -> list[str]:
         ("nodeCount", pool.node_count),
         ("initialNodeCount", pool.initial_node_count),
     ):
-        if field is None or is_unknown(field):
+        if field is None:
             continue
+        if is_unknown(field):
+            break
         allowed = (0, hosts) if scaled else (hosts,)
         if not isinstance(field, int) or field not in allowed:
             valid = f"0 or {hosts}" if scaled else str(hosts)

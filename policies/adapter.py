@@ -1,0 +1,82 @@
+"""pulumi_policy objects built from :data:`policies.pack.POLICIES` (imported by ``__main__.py``).
+
+Each validate callback unwraps the engine's props with :func:`policies.values.plain` (unknown
+values during preview become UNKNOWN instead of raising) and reports each rule message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pulumi_policy import (
+    EnforcementLevel,
+    Policy,
+    PolicyConfigSchema,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+
+from policies.model import Resource
+from policies.pack import POLICIES, PolicySpec
+from policies.values import plain
+
+
+def _options(spec: PolicySpec, config: Mapping[str, Any]) -> dict[str, Any]:
+    return {o.key: config[o.key] for o in spec.options if o.key in config}
+
+
+def _schema(spec: PolicySpec) -> PolicyConfigSchema | None:
+    if not spec.options:
+        return None
+    return PolicyConfigSchema(
+        properties={o.key: {**o.schema, "default": o.default} for o in spec.options}
+    )
+
+
+def _resource_policy(spec: PolicySpec) -> ResourceValidationPolicy:
+    def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+        if not spec.applies_to(args.resource_type):
+            return
+        props = plain(args.props)
+        for message in spec.run(props, _options(spec, args.get_config())):
+            report_violation(message, None)
+
+    return ResourceValidationPolicy(
+        name=spec.name,
+        description=spec.description,
+        validate=validate,
+        enforcement_level=EnforcementLevel.MANDATORY,
+        config_schema=_schema(spec),
+        remediation_steps=spec.remediation or None,
+    )
+
+
+def _stack_policy(spec: PolicySpec) -> StackValidationPolicy:
+    def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+        resources = [
+            Resource(type=r.resource_type, name=r.name, urn=r.urn, props=plain(r.props))
+            for r in args.resources
+        ]
+        for message in spec.run(resources, _options(spec, args.get_config())):
+            report_violation(message, None)
+
+    return StackValidationPolicy(
+        name=spec.name,
+        description=spec.description,
+        validate=validate,
+        enforcement_level=EnforcementLevel.MANDATORY,
+        config_schema=_schema(spec),
+        remediation_steps=spec.remediation or None,
+    )
+
+
+def build_policies() -> list[Policy]:
+    """One pulumi_policy policy per entry of :data:`policies.pack.POLICIES`, mandatory by default."""
+    return [
+        _resource_policy(spec) if spec.kind == "resource" else _stack_policy(spec)
+        for spec in POLICIES
+    ]
