@@ -35,6 +35,7 @@ __all__ = [
     "ConfigError",
     "CpuPoolConfig",
     "RayClusterConfig",
+    "RayJobConfig",
     "RayServiceConfig",
     "SliceConfig",
     "StackConfig",
@@ -191,6 +192,45 @@ class RayServiceConfig:
 
 
 @dataclass(frozen=True)
+class RayJobConfig:
+    """A KubeRay RayJob: its own RayCluster on ``slice``, one entrypoint, then shut down.
+
+    ``entrypoint`` (a shell command) replaces the default, the training workload sized to the
+    slice (:mod:`infra.rayjob_spec`); ``args`` are appended to that default instead.
+    """
+
+    name: str
+    slice: str
+    replicas: int
+    min_replicas: int
+    max_replicas: int
+    namespace: str
+    image: str | None
+    head: WorkerResources
+    worker: WorkerResources
+    entrypoint: str | None = None
+    args: tuple[str, ...] = ()
+    runtime_env: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    ttl_seconds_after_finished: int = 600
+    active_deadline_seconds: int | None = None
+
+    @property
+    def cluster(self) -> RayClusterConfig:
+        """The RayCluster the RayJob creates (its ``rayClusterSpec``)."""
+        return RayClusterConfig(
+            name=self.name,
+            slice=self.slice,
+            replicas=self.replicas,
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+            namespace=self.namespace,
+            image=self.image,
+            head=self.head,
+            worker=self.worker,
+        )
+
+
+@dataclass(frozen=True)
 class StackConfig:
     """Everything one stack declares."""
 
@@ -202,6 +242,7 @@ class StackConfig:
     ray_image: str
     ray_clusters: tuple[RayClusterConfig, ...]
     ray_services: tuple[RayServiceConfig, ...]
+    ray_jobs: tuple[RayJobConfig, ...] = ()
 
     def slice(self, name: str) -> SliceConfig:
         for candidate in self.slices:
@@ -210,13 +251,13 @@ class StackConfig:
         valid = ", ".join(s.name for s in self.slices) or "(no slices configured)"
         raise ConfigError([f"{NAMESPACE}:slices: slice {name!r} is not valid; valid: {valid}"])
 
-    def image_for(self, obj: RayClusterConfig | RayServiceConfig) -> str:
+    def image_for(self, obj: RayClusterConfig | RayServiceConfig | RayJobConfig) -> str:
         return obj.image or self.ray_image
 
     @property
     def namespaces(self) -> tuple[str, ...]:
         """Kubernetes namespaces the Ray objects live in, in order of first use."""
-        objs = (*self.ray_clusters, *self.ray_services)
+        objs = (*self.ray_clusters, *self.ray_services, *self.ray_jobs)
         return tuple(dict.fromkeys(o.namespace for o in objs))
 
 
@@ -792,6 +833,57 @@ def _parse_ray_service(
     )
 
 
+def _parse_ray_job(
+    problems: _Problems,
+    index: int,
+    raw: Any,
+    slices: Mapping[str, SliceConfig | None],
+    ray_version: str | None,
+) -> RayJobConfig | None:
+    keys = (
+        *_RAY_OBJECT_KEYS,
+        "entrypoint",
+        "args",
+        "runtimeEnv",
+        "ttlSecondsAfterFinished",
+        "activeDeadlineSeconds",
+    )
+    s = _Section(problems, f"{NAMESPACE}:rayJobs[{index}]", raw, keys)
+    if not s.ok:
+        return None
+    common = _parse_ray_common(s, slices, ray_version)
+    entrypoint = s.get(
+        "entrypoint", str, "", valid="a shell command, e.g. python -m workloads.train", check=bool
+    )
+    args = s.get(
+        "args",
+        list,
+        [],
+        valid="a list of strings appended to the default training entrypoint",
+        check=lambda v: all(isinstance(a, str) for a in v),
+    )
+    if entrypoint and args:
+        problems.bad(s.sub("args"), args, "[] when entrypoint is set", "put them in entrypoint")
+        args = None
+    runtime_env = s.get("runtimeEnv", dict, {}, valid="a mapping (Ray runtime_env)")
+    ttl = s.get(
+        "ttlSecondsAfterFinished", int, 600, valid="an integer >= 0", check=_int_range(0, 10**7)
+    )
+    deadline = s.get(
+        "activeDeadlineSeconds", int, 0, valid="an integer >= 1", check=_int_range(1, 10**8)
+    )
+    if common is None or None in (entrypoint, args, runtime_env, ttl, deadline):
+        return None
+    return RayJobConfig(
+        **common,
+        entrypoint=entrypoint or None,
+        args=tuple(args),
+        runtime_env=MappingProxyType(dict(runtime_env)),
+        ttl_seconds_after_finished=ttl,
+        active_deadline_seconds=deadline or None,
+    )
+
+
 def _check_unique(problems: _Problems, path: str, names: list[tuple[int, str]], what: str) -> None:
     seen: dict[str, int] = {}
     for index, name in names:
@@ -806,7 +898,15 @@ def _check_unique(problems: _Problems, path: str, names: list[tuple[int, str]], 
             seen[name] = index
 
 
-_TOP_KEYS = ("cluster", "slices", "rayClusters", "rayServices", "rayVersion", "rayImage")
+_TOP_KEYS = (
+    "cluster",
+    "slices",
+    "rayClusters",
+    "rayServices",
+    "rayJobs",
+    "rayVersion",
+    "rayImage",
+)
 
 
 def parse_config(raw: Mapping[str, Any]) -> StackConfig:
@@ -900,6 +1000,14 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
         parsed = _parse_ray_service(problems, index, item, by_name, ray_version)
         if parsed is not None:
             services.append(parsed)
+    jobs: list[RayJobConfig] = []
+    raw_jobs = _list(
+        problems, f"{NAMESPACE}:rayJobs", raw.get(f"{NAMESPACE}:rayJobs"), required=False
+    )
+    for index, item in enumerate(raw_jobs):
+        parsed = _parse_ray_job(problems, index, item, by_name, ray_version)
+        if parsed is not None:
+            jobs.append(parsed)
     # A RayService N owns the Services N-head-svc / N-serve-svc like a RayCluster N would:
     # names must be unique across both kinds (per namespace; we keep it simple: overall).
     ray_names = [
@@ -912,13 +1020,16 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
         for i, o in enumerate(raw_services)
         if isinstance(o, Mapping)
     ]
+    ray_names += [
+        (f"rayJobs[{i}]", o.get("name")) for i, o in enumerate(raw_jobs) if isinstance(o, Mapping)
+    ]
     seen: dict[str, str] = {}
     for where, name in ray_names:
         if name in seen:
             problems.bad(
                 f"{NAMESPACE}:{where}.name",
                 name,
-                "a name unique across ray-tpu:rayClusters and ray-tpu:rayServices",
+                "a name unique across ray-tpu:rayClusters and ray-tpu:rayServices (and rayJobs)",
                 f"duplicate of {NAMESPACE}:{seen[name]} (both would own {name}-head-svc)",
             )
         elif name is not None:
@@ -926,7 +1037,8 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
     # Each replica of a worker group holds a whole slice: the objects on one slice may not ask
     # for more slices than it has.
     for slice_cfg in slices:
-        users = [o for o in (*clusters, *services) if o.slice == slice_cfg.name]
+        # A RayJob's cluster holds its slices while it runs: count it too.
+        users = [o for o in (*clusters, *services, *jobs) if o.slice == slice_cfg.name]
         wanted = sum(o.max_replicas for o in users)
         if wanted > slice_cfg.count:
             index = slices.index(slice_cfg)
@@ -951,6 +1063,7 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
         ray_image=image,
         ray_clusters=tuple(clusters),
         ray_services=tuple(services),
+        ray_jobs=tuple(jobs),
     )
 
 
