@@ -14,6 +14,8 @@ import sys
 # name -> (module, one-line help). Add a command by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "catalog": ("raytpu.catalog_cmd", "print TPU slice shapes (the one catalog)"),
+    "check": ("raytpu.check", "check manifests / Pulumi stack files against the policy pack"),
+    "preview": ("raytpu.preview", "run a stack offline under mocks and apply the policy pack"),
     "submit": ("raytpu.submit", "submit train/serve/any job to a stack's Ray cluster"),
 }
 

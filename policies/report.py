@@ -1,0 +1,73 @@
+"""Printing and exit codes shared by ``raytpu preview`` and ``raytpu check``.
+
+Exit codes: 0 no mandatory violation, 1 a mandatory violation, 2 bad input or configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from policies.model import object_label
+from policies.pack import PolicyConfigError, Violation, settings
+
+EXIT_CLEAN = 0
+EXIT_VIOLATION = 1
+EXIT_INPUT = 2
+
+
+def load_policy_config(path: str | None) -> dict[str, Any] | None:
+    """Policy config from a JSON file in Pulumi's ``--policy-pack-config`` format (validated)."""
+    if path is None:
+        return None
+    try:
+        config = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise PolicyConfigError(
+            f"--policy-config: {path!r} is not readable JSON: {error}"
+        ) from None
+    if not isinstance(config, dict):
+        raise PolicyConfigError(
+            f"--policy-config: {type(config).__name__} is not valid; valid: a JSON object of "
+            f"policy name -> enforcement level or options"
+        )
+    settings(config)
+    return config
+
+
+def object_of(violation: Violation) -> str:
+    """``RayCluster/train`` for a resource violation, ``stack`` for a stack-level one."""
+    return "stack" if violation.resource is None else object_label(violation.resource)
+
+
+def format_violation(violation: Violation, prefix: str = "") -> str:
+    return (
+        f"{prefix}{object_of(violation)}: {violation.message} "
+        f"[{violation.policy}, {violation.enforcement}]"
+    )
+
+
+def record(violation: Violation, **extra: Any) -> dict[str, Any]:
+    resource = violation.resource
+    return {
+        **extra,
+        "policy": violation.policy,
+        "enforcement": violation.enforcement,
+        "object": object_of(violation),
+        "urn": None if resource is None else resource.urn,
+        "message": violation.message,
+    }
+
+
+def exit_code(violations: Sequence[Violation]) -> int:
+    return EXIT_VIOLATION if any(v.mandatory for v in violations) else EXIT_CLEAN
+
+
+def summary(violations: Sequence[Violation]) -> str:
+    mandatory = sum(v.mandatory for v in violations)
+    advisory = len(violations) - mandatory
+    if not violations:
+        return "no policy violations"
+    return f"{mandatory} mandatory and {advisory} advisory policy violation(s)"
