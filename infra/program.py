@@ -20,6 +20,7 @@ from infra.cpu_pool import CpuNodePool, CpuNodePoolArgs
 from infra.gke_cluster import GkeCluster, GkeClusterArgs
 from infra.k8s_provider import KubernetesAccess, KubernetesAccessArgs
 from infra.ray_cluster import RayCluster, RayClusterArgs
+from infra.ray_job import RayJob, RayJobArgs
 from infra.ray_service import RayService, RayServiceArgs
 from infra.tpu_slice import TpuSlice, TpuSliceArgs
 
@@ -111,6 +112,19 @@ def declare(config: StackConfig) -> None:
         )
         for s in config.ray_services
     }
+    ray_jobs = {
+        j.name: RayJob(
+            f"rayjob-{j.name}",
+            RayJobArgs(
+                stack=config,
+                job=j,
+                provider=access.provider,
+                stack_name=pulumi.get_stack(),
+                depends_on=needs(j.namespace),
+            ),
+        )
+        for j in config.ray_jobs
+    }
 
     pulumi.export("clusterName", gke.name)
     pulumi.export("clusterEndpoint", gke.endpoint)
@@ -143,5 +157,12 @@ def declare(config: StackConfig) -> None:
             for (name, rs), config_obj in zip(
                 ray_services.items(), config.ray_services, strict=True
             )
+        },
+    )
+    pulumi.export(
+        "rayJobs",
+        {
+            name: {"namespace": job.namespace, "slice": cfg.slice, "entrypoint": job.entrypoint}
+            for (name, job), cfg in zip(ray_jobs.items(), config.ray_jobs, strict=True)
         },
     )
