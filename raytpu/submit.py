@@ -41,13 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raytpu import stack_outputs
+from raytpu import entrypoints, stack_outputs
 from raytpu.stack_outputs import RayHead, StackOutputs, StackOutputsError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ADDRESS = f"http://127.0.0.1:{stack_outputs.DEFAULT_DASHBOARD_PORT}"
 WORKLOADS = ("train", "serve")
-SERVE_IMPORT_PATH = "workloads.serve:app"
+SERVE_IMPORT_PATH = entrypoints.SERVE_IMPORT_PATH
 WORKING_DIR_PACKAGES = ("workloads", "raytpu")
 """Packages shipped in the job's ``working_dir`` (the job's cwd, first on its ``sys.path``)."""
 WORKING_DIR_IGNORE = ("__pycache__", "*.pyc", "*.egg-info")
@@ -292,26 +292,7 @@ def runtime_env(working_dir: Path, *, pip: bool, env_vars: Mapping[str, str]) ->
 def train_entrypoint(outputs: StackOutputs, head: RayHead, extra: Sequence[str]) -> str:
     """``python -m workloads.train`` sized to the cluster's slice (the catalog record)."""
     slice_out = outputs.slice(head.slice)
-    shape = slice_out.shape
-    command = [
-        "python",
-        "-m",
-        "workloads.train",
-        "--generation",
-        shape.generation.name,
-        "--topology",
-        shape.topology,
-        "--chips-per-host",
-        str(shape.chips_per_host),
-        "--num-slices",
-        str(slice_out.count),
-        *extra,
-    ]
-    return shlex.join(command)
-
-
-def serve_entrypoint(extra: Sequence[str]) -> str:
-    return shlex.join(["serve", "run", "--non-blocking", SERVE_IMPORT_PATH, *extra])
+    return shlex.join(entrypoints.train_command(slice_out.shape, slice_out.count, extra))
 
 
 def build_request(
@@ -331,18 +312,11 @@ def build_request(
     if workload == "train":
         entrypoint = train_entrypoint(outputs, head, extra)
     elif workload == "serve":
-        entrypoint = serve_entrypoint(extra)
+        entrypoint = shlex.join(entrypoints.serve_command(extra))
     else:
         workload, entrypoint = "command", shlex.join(job)
     slice_out = outputs.slice(head.slice)
-    env_vars = {
-        "RAYTPU_STACK": outputs.stack,
-        "RAYTPU_CLUSTER": head.name,
-        "RAYTPU_SLICE": head.slice,
-        "RAYTPU_TOPOLOGY": slice_out.shape.topology,
-        "RAYTPU_ACCELERATOR_TYPE": slice_out.shape.ray_accelerator_type,
-        "RAYTPU_CHIPS_PER_HOST": str(slice_out.shape.chips_per_host),
-    }
+    env_vars = entrypoints.slice_env(outputs.stack, head.name, head.slice, slice_out.shape)
     return JobRequest(
         workload=workload,
         entrypoint=entrypoint,

@@ -299,7 +299,7 @@ def test_train_entrypoint_is_sized_from_the_catalog(good: dict[str, Any], tmp_pa
     )
     assert request.entrypoint.startswith("python -m workloads.train")
     assert "--topology 4x4" in request.entrypoint
-    assert "--chips-per-host 4" in request.entrypoint
+    assert "--machine-type ct6e-standard-4t" in request.entrypoint
     assert "--num-slices 2" in request.entrypoint
     assert request.entrypoint.endswith("--steps 5")
     assert request.runtime_env["env_vars"]["RAYTPU_ACCELERATOR_TYPE"] == "TPU-V6E"
