@@ -226,13 +226,6 @@ def test_ray_head_load_balancer_fails(kind, field):
         props = edit(props, f"{base}.{field}", "LoadBalancer")
     (violation,) = check_ray_head_service(props)
     assert violation.startswith(f"{base}.{field}: 'LoadBalancer'")
-    assert (
-        check_ray_head_service(
-            edit(props, f"{base}.{field.split('.')[0]}.serviceType", "ClusterIP")
-        )
-        != []
-        or True
-    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
