@@ -122,6 +122,8 @@ class ClusterConfig:
     network: str
     subnetwork: str
     node_service_account: str | None
+    cloud_nat: bool
+    """A Cloud Router + NAT so private nodes can pull public images (default: privateNodes)."""
     cpu_pool: CpuPoolConfig
 
 
@@ -448,6 +450,7 @@ def _parse_cluster(
         "network",
         "subnetwork",
         "nodeServiceAccount",
+        "cloudNat",
         "cpuPool",
     )
     s = _Section(problems, f"{NAMESPACE}:cluster", raw if raw is not None else {}, keys)
@@ -506,6 +509,13 @@ def _parse_cluster(
         if block:
             networks.append(AuthorizedNetwork(block, display or ""))
     protection = s.get("deletionProtection", bool, True, valid="true or false")
+    cloud_nat = s.get(
+        "cloudNat",
+        bool,
+        bool(private),
+        valid="true or false",
+        hint="private nodes reach Docker Hub (rayproject/ray) only through Cloud NAT",
+    )
     network = s.get("network", str, "default", valid="a VPC network name")
     subnetwork = s.get("subnetwork", str, "default", valid="a subnetwork name")
     account = s.get(
@@ -518,7 +528,7 @@ def _parse_cluster(
     pool = _parse_cpu_pool(
         problems, s.sub("cpuPool"), s.raw.get("cpuPool", {}), region, slice_zones
     )
-    if None in (name, location, channel, version, private, cidr, protection, pool):
+    if None in (name, location, channel, version, private, cidr, protection, cloud_nat, pool):
         return None
     return ClusterConfig(
         name=name,
@@ -532,6 +542,7 @@ def _parse_cluster(
         network=network,
         subnetwork=subnetwork,
         node_service_account=account,
+        cloud_nat=cloud_nat,
         cpu_pool=pool,
     )
 

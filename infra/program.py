@@ -15,6 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import kuberay
+from infra.cloud_nat import CloudNat, CloudNatArgs
 from infra.config import StackConfig
 from infra.cpu_pool import CpuNodePool, CpuNodePoolArgs
 from infra.gke_cluster import GkeCluster, GkeClusterArgs
@@ -46,6 +47,17 @@ def declare(config: StackConfig) -> None:
     """Declare the whole stack for ``config`` (already validated) and export its outputs."""
     cluster_cfg = config.cluster
     gke = GkeCluster("gke", GkeClusterArgs(project=config.project, cluster=cluster_cfg))
+    nat = None
+    if cluster_cfg.cloud_nat:
+        nat = CloudNat(
+            "nat",
+            CloudNatArgs(
+                project=config.project,
+                region=config.region,
+                network=cluster_cfg.network,
+                name=cluster_cfg.name,
+            ),
+        )
     cpu = CpuNodePool(
         "cpu-pool",
         CpuNodePoolArgs(
@@ -78,7 +90,8 @@ def declare(config: StackConfig) -> None:
             cluster_name=gke.name,
             endpoint=gke.endpoint,
             ca_certificate=gke.ca_certificate,
-            wait_for=[cpu, *slices],
+            # Pods need nodes (and, on private nodes, NAT to pull images) before they start.
+            wait_for=[cpu, *slices, *([nat] if nat is not None else [])],
         ),
     )
     namespaces = {

@@ -313,6 +313,7 @@ BAD_VALUES = [
         "'yes'",
         "true or false",
     ),
+    ("cloud-nat-bool", _set((C, "cloudNat"), "no"), f"{C}.cloudNat", "'no'", "true or false"),
     (
         "master-cidr",
         _set((C, "masterIpv4CidrBlock"), "10.0.0.0/24"),

@@ -95,6 +95,20 @@ def test_ray_operator_addon_is_a_list_with_logging_and_monitoring(
     ]
 
 
+@pytest.mark.parametrize(("stack", "nat"), [("dev", False), ("prod", True)], ids=["dev", "prod"])
+def test_cloud_nat_with_private_nodes(runs: dict[str, ProgramRun], stack: str, nat: bool) -> None:
+    gateways = runs[stack].of_type("gcp:compute/routerNat:RouterNat")
+    routers = runs[stack].of_type("gcp:compute/router:Router")
+    assert (len(gateways), len(routers)) == ((1, 1) if nat else (0, 0))
+    if nat:
+        (gateway,), (router,) = gateways, routers
+        assert gateway.props["router"] == router.props["name"]
+        assert gateway.props["sourceSubnetworkIpRangesToNat"] == "ALL_SUBNETWORKS_ALL_IP_RANGES"
+        assert router.props["region"] == gateway.props["region"] == "us-east5"
+        provider = _one(runs[stack], PROVIDER)
+        assert gateway.urn in provider.dependencies
+
+
 @pytest.mark.parametrize("stack", ["dev", "prod"], ids=["dev", "prod"])
 def test_no_helm_install_of_kuberay(runs: dict[str, ProgramRun], stack: str) -> None:
     types = {r.type for r in runs[stack].resources}
