@@ -48,6 +48,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ADDRESS = f"http://127.0.0.1:{stack_outputs.DEFAULT_DASHBOARD_PORT}"
 WORKLOADS = ("train", "serve")
 SERVE_IMPORT_PATH = entrypoints.SERVE_IMPORT_PATH
+SERVE_TPU_ENV = "RAYTPU_SERVE_TPU_PER_REPLICA"
 WORKING_DIR_PACKAGES = ("workloads", "raytpu")
 """Packages shipped in the job's ``working_dir`` (the job's cwd, first on its ``sys.path``)."""
 WORKING_DIR_IGNORE = ("__pycache__", "*.pyc", "*.egg-info")
@@ -302,8 +303,12 @@ def build_request(
     working_dir: Path,
     *,
     pip: bool = False,
+    env: Mapping[str, str] | None = None,
 ) -> JobRequest:
-    """Turn ``train ...`` / ``serve ...`` / ``COMMAND ...`` into a job request."""
+    """Turn ``train ...`` / ``serve ...`` / ``COMMAND ...`` into a job request.
+
+    ``env`` (``--env``) is added to the job's environment variables and wins over ours.
+    """
     if not job:
         raise SubmitError(
             "job: is required; valid: train [ARGS], serve [ARGS], or -- COMMAND [ARGS]"
@@ -317,6 +322,10 @@ def build_request(
         workload, entrypoint = "command", shlex.join(job)
     slice_out = outputs.slice(head.slice)
     env_vars = entrypoints.slice_env(outputs.stack, head.name, head.slice, slice_out.shape)
+    if workload == "serve":
+        # One Serve replica per TPU host of the cluster's slice (workloads.serve reads this).
+        env_vars[SERVE_TPU_ENV] = str(slice_out.shape.chips_per_host)
+    env_vars.update(env or {})
     return JobRequest(
         workload=workload,
         entrypoint=entrypoint,
@@ -418,6 +427,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: use the packages of the worker image",
     )
     parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment variable for the job, e.g. RAYTPU_CHECKPOINT_DIR=gs://BUCKET/ckpt "
+        "(repeatable)",
+    )
+    parser.add_argument(
         "job",
         nargs=argparse.REMAINDER,
         metavar="train|serve|COMMAND ...",
@@ -431,11 +448,33 @@ def _load_outputs(args: argparse.Namespace) -> StackOutputs:
     return stack_outputs.fetch_outputs(args.stack, cwd=REPO_ROOT)
 
 
+def parse_env(pairs: Sequence[str]) -> dict[str, str]:
+    """``["K=V", ...]`` from ``--env``; ``ValueError`` naming the bad pair."""
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not key.replace("_", "a").isalnum():
+            raise ValueError(f"--env: {pair!r} is not valid; valid: KEY=VALUE, e.g. JAX_LOG=1")
+        env[key] = value
+    return env
+
+
 def run(args: argparse.Namespace) -> int:
     job = list(args.job)
     if job and job[0] == "--":
         job = job[1:]
-    workload = job[0] if job else ""
+    if not job:
+        print(
+            "error: job: is required; valid: train [ARGS], serve [ARGS], or -- COMMAND [ARGS]",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        env = parse_env(args.env)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    workload = job[0]
     try:
         outputs = _load_outputs(args)
         service = serving_service(outputs, workload, args.cluster, args.slice_name)
@@ -448,7 +487,7 @@ def run(args: argparse.Namespace) -> int:
         ray_version = check_head(args.address, head)
         with tempfile.TemporaryDirectory(prefix="raytpu-job-") as tmp:
             working_dir = stage_working_dir(Path(tmp))
-            request = build_request(job, outputs, head, working_dir, pip=args.pip)
+            request = build_request(job, outputs, head, working_dir, pip=args.pip, env=env)
             print(
                 f"submitting {request.workload} to {head.kind} {head.name!r} "
                 f"(slice {head.slice!r}, Ray {ray_version}) at {args.address}:\n"

@@ -311,3 +311,45 @@ def test_pip_runtime_env_pins_jax_tpu_and_leaves_out_ray_and_pulumi() -> None:
     assert any(p.startswith("jax[tpu]") for p in packages)
     assert not any(p.startswith(("ray", "pulumi")) for p in packages)
     assert all(any(op in p for op in ("==", ">=", "<")) for p in packages), packages
+
+
+CLI_ERRORS = [
+    ("no-job", [], "job: is required; valid: train [ARGS], serve [ARGS], or -- COMMAND [ARGS]"),
+    ("bad-env", ["--env", "NOEQUALS", "train"], "--env: 'NOEQUALS' is not valid; valid: KEY=VALUE"),
+    ("unknown-slice", ["--slice", "gpu", "train"], "slice: 'gpu' is not in stack 'prod'; valid: big, serve, train-a"),
+    ("unknown-cluster", ["--cluster", "nope", "train"], "cluster: 'nope' is not a RayCluster of stack 'prod'; valid: big, train"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"), [c[1:] for c in CLI_ERRORS], ids=[c[0] for c in CLI_ERRORS]
+)
+def test_bad_input_exits_2_before_contacting_anything(
+    good: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    path = tmp_path / "outputs.json"
+    path.write_text(json.dumps(good))
+    # The address is a closed port: reaching it would be a different error (exit 1).
+    base = ["submit", "--stack", "prod", "--outputs", str(path), "--address", "http://127.0.0.1:9"]
+    assert cli.main([*base, *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_env_and_serve_variables(good: dict[str, Any], tmp_path: Path) -> None:
+    outputs = parse_outputs(good, "prod")
+    request = submit.build_request(
+        ["serve"],
+        outputs,
+        outputs.ray_cluster("big"),
+        tmp_path,
+        env={"RAYTPU_CHECKPOINT_DIR": "gs://b/ckpt", "RAYTPU_SLICE": "override"},
+    )
+    assert request.entrypoint == "serve run --non-blocking workloads.serve:app"
+    env = request.runtime_env["env_vars"]
+    assert env["RAYTPU_SERVE_TPU_PER_REPLICA"] == "4"
+    assert env["RAYTPU_CHECKPOINT_DIR"] == "gs://b/ckpt"
+    assert env["RAYTPU_SLICE"] == "override"

@@ -170,21 +170,21 @@ def test_submit_runs_project_code_on_a_real_ray_head(
             ray_head,
             "--timeout",
             str(JOB_TIMEOUT_S),
+            "--env",
+            "MARK=from-the-cli",
             "--",
-            "python",
-            "-m",
-            "raytpu.cli",
-            "catalog",
-            "v6e",
-            "2x4",
-            "--machine-type",
-            "ct6e-standard-4t",
-            "--json",
+            "sh",
+            "-c",
+            "python -m raytpu.cli catalog v6e 2x4 --machine-type ct6e-standard-4t --json"
+            ' && echo "slice=$RAYTPU_SLICE topology=$RAYTPU_TOPOLOGY mark=$MARK"',
         ]
     )
     captured = capsys.readouterr()
     assert code == 0, captured.err
+    # The project's code ran from the job's working_dir, sized by the catalog...
     assert '"hosts": 2' in captured.out
+    # ...with the runtime env's variables: the stack's slice and the user's --env.
+    assert "slice=train topology=2x4 mark=from-the-cli" in captured.out
     assert "SUCCEEDED" in captured.err
 
 
