@@ -456,3 +456,15 @@ def test_unknown_stack_lists_the_stacks(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"stack: 'staging' is not valid; valid: dev, prod"):
         load_stack("staging", tmp_path)
     assert load_stack("prod", tmp_path).cluster.name == "ray-tpu-prod"
+
+
+def test_entrypoint_reads_older_engine_key_spelling(dev_raw: dict[str, Any]) -> None:
+    """Older Pulumi engines hand config over as ``ray-tpu:config:slices``: same stack."""
+    legacy = {
+        (f"{k.split(':', 1)[0]}:config:{k.split(':', 1)[1]}" if k.startswith("ray-tpu:") else k): v
+        for k, v in dev_raw.items()
+    }
+    current, old = run_entrypoint(dev_raw), run_entrypoint(legacy)
+    assert current.error is None and old.error is None
+    assert sorted(r.urn for r in old.resources) == sorted(r.urn for r in current.resources)
+    assert old.outputs["slices"] == current.outputs["slices"]
