@@ -5,8 +5,10 @@ Each stack is built from a synthetic ``config:`` mapping with :func:`infra.confi
 v6e 4x4, v5p 2x2x4 and single-host v6e 2x2). For each size a fresh subprocess (so peak memory is
 that size's alone) measures, in this order:
 
-- **program**: :func:`infra.offline.run_program` (the Pulumi program under mocks, what
-  ``raytpu preview`` runs), median and range over repeats;
+- **raytpu preview**: the whole command (``raytpu preview bench --json`` on the stack written as
+  ``Pulumi.bench.yaml`` in a temporary folder: YAML, config, program, policy pack, report);
+- **program**: :func:`infra.offline.run_program` alone (the Pulumi program under mocks), median
+  and range over repeats;
 - **policy**: :func:`policies.pack.evaluate` over the declared resources, the same;
 - **peak memory**: Python allocations during one program + policy run (``tracemalloc``, a
   separate pass since tracing slows everything down) and the process's maximum resident set
@@ -20,13 +22,17 @@ Growth ratios are each size over the smallest size, measured in the same run.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from bench import _common
@@ -86,6 +92,28 @@ def _maxrss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
 
+def time_preview(slices: int, repeats: int) -> tuple[list[float], int]:
+    """``raytpu preview bench --json`` end to end (YAML, config, program, policy, report)."""
+    import yaml
+
+    from raytpu.cli import main as raytpu_main
+
+    seconds = []
+    code = -1
+    with tempfile.TemporaryDirectory(prefix="bench-iac-") as directory:
+        stack_file = Path(directory) / "Pulumi.bench.yaml"
+        stack_file.write_text(yaml.safe_dump({"config": synthetic_config(slices)}))
+        for _ in range(repeats):
+            sink = io.StringIO()
+            began = time.perf_counter()
+            with contextlib.redirect_stdout(sink):
+                code = raytpu_main(["preview", "bench", "--json", "--project-dir", directory])
+            seconds.append(time.perf_counter() - began)
+            if code not in (0, 1):
+                raise RuntimeError(f"raytpu preview exited {code}: {sink.getvalue()[-2000:]}")
+    return seconds, code
+
+
 def measure_size(slices: int, repeats: int) -> dict[str, Any]:
     """All measurements for one size, in this process (run it in a fresh one)."""
     from infra.config import parse_config
@@ -109,6 +137,7 @@ def measure_size(slices: int, repeats: int) -> dict[str, Any]:
         violations = evaluate(resources)
         policy_s.append(time.perf_counter() - began)
     cold_program_s, cold_policy_s = program_s.pop(0), policy_s.pop(0)
+    preview_s, preview_exit = time_preview(slices, repeats)
     rss_after_runs = _maxrss_bytes()
 
     tracemalloc.start()
@@ -131,6 +160,8 @@ def measure_size(slices: int, repeats: int) -> dict[str, Any]:
         "parseS": parse_s,
         "programS": _common.summarize(program_s).to_dict(),
         "policyS": _common.summarize(policy_s).to_dict(),
+        "previewS": _common.summarize(preview_s).to_dict(),
+        "previewExit": preview_exit,
         "coldProgramS": cold_program_s,
         "coldPolicyS": cold_policy_s,
         "tracemallocProgramPeakBytes": program_peak,
@@ -176,6 +207,7 @@ def run(sizes: Sequence[int], repeats: int) -> dict[str, Any]:
         row["growth"] = {
             "slices": row["slices"] / base["slices"],
             "resources": row["resources"] / base["resources"],
+            "preview": _common.ratio(row["previewS"]["median"], base["previewS"]["median"]),
             "program": _common.ratio(row["programS"]["median"], base["programS"]["median"]),
             "policy": _common.ratio(row["policyS"]["median"], base["policyS"]["median"]),
             "tracemallocPeak": _common.ratio(
@@ -199,6 +231,7 @@ def print_report(result: dict[str, Any]) -> list[str]:
         (
             r["slices"],
             r["resources"],
+            _fmt(r["previewS"]),
             _fmt(r["programS"]),
             _fmt(r["policyS"]),
             _common.fmt_seconds(r["policyPerResourceS"]),
@@ -215,6 +248,7 @@ def print_report(result: dict[str, Any]) -> list[str]:
         (
             "slices",
             "resources",
+            "raytpu preview",
             "program",
             "policy",
             "policy/resource",
@@ -230,6 +264,7 @@ def print_report(result: dict[str, Any]) -> list[str]:
             r["slices"],
             _common.fmt_ratio(r["growth"]["slices"]),
             _common.fmt_ratio(r["growth"]["resources"]),
+            _common.fmt_ratio(r["growth"]["preview"]),
             _common.fmt_ratio(r["growth"]["program"]),
             _common.fmt_ratio(r["growth"]["policy"]),
             _common.fmt_ratio(r["growth"]["tracemallocPeak"]),
@@ -238,7 +273,15 @@ def print_report(result: dict[str, Any]) -> list[str]:
     ]
     second = _common.print_table(
         f"Growth relative to {result['sizes'][0]['slices']} slice(s)",
-        ("slices", "slices x", "resources x", "program time x", "policy time x", "peak alloc x"),
+        (
+            "slices",
+            "slices x",
+            "resources x",
+            "preview time x",
+            "program time x",
+            "policy time x",
+            "peak alloc x",
+        ),
         growth,
     )
     return [first, second]
