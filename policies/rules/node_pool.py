@@ -144,7 +144,7 @@ def _count_violations(pool: NodePool, shape: catalog.SliceShape) -> list[str]:
             valid = f"0 or {hosts}" if scaled else str(hosts)
             violations.append(
                 f"{key}: {field!r} nodes does not make whole slices of {facts}; set {key} = "
-                f"{valid} (valid: {valid}); a partial slice never starts"
+                f"{valid} (a partial slice never starts)"
             )
         break  # nodeCount wins over initialNodeCount, as in GKE
     else:
