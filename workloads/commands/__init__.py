@@ -1,0 +1,1 @@
+"""``raytpu`` subcommands owned by the workloads: ``demo``, ``train``, ``serve``."""

@@ -1,0 +1,145 @@
+"""Arguments and helpers shared by ``raytpu demo``, ``raytpu train`` and ``raytpu serve``.
+
+Imports of ray, jax and infra stay inside functions so that ``raytpu --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from raytpu.catalog import CatalogError, SliceShape, shape
+
+DEFAULT_CHECKPOINT_DIR = os.environ.get("RAYTPU_CHECKPOINT_DIR", "/tmp/raytpu/checkpoints")
+
+
+class UsageError(ValueError):
+    """Bad command-line input: exit code 2."""
+
+
+@dataclass(frozen=True)
+class SliceChoice:
+    """A slice picked from a stack config (or from catalog flags), duck-typing SliceConfig."""
+
+    name: str
+    shape: SliceShape
+    count: int
+
+
+def add_slice_arguments(parser: argparse.ArgumentParser, default_slice: str) -> None:
+    parser.add_argument("--stack", default="dev", help="Pulumi stack whose config names the slice")
+    parser.add_argument(
+        "--slice",
+        default=default_slice,
+        help=f"slice name in the stack's ray-tpu:slices (default {default_slice})",
+    )
+    parser.add_argument(
+        "--generation", help="instead of --stack/--slice: TPU generation (e.g. v6e)"
+    )
+    parser.add_argument("--topology", help="with --generation: topology (e.g. 2x4)")
+    parser.add_argument("--machine-type", help="with --generation: GKE machine type")
+    parser.add_argument(
+        "--num-slices", type=int, default=1, help="slices to use together (default 1)"
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--local",
+        action="store_true",
+        help="start the simulated slice cluster on this machine for the run",
+    )
+    where.add_argument(
+        "--address",
+        help="an existing Ray cluster: ray://host:10001 (Ray Client) or a GCS address; "
+        "default: the cluster this process runs in (RAY_ADDRESS), as inside a Ray job",
+    )
+
+
+def resolve_slice(args: argparse.Namespace) -> SliceChoice:
+    """The slice from ``--generation/--topology/--machine-type`` or from the stack config."""
+    if args.num_slices < 1:
+        raise UsageError(f"--num-slices: {args.num_slices!r} is not valid; valid: >= 1")
+    if args.generation or args.topology:
+        if not (args.generation and args.topology):
+            raise UsageError("--generation and --topology: give both, or neither (use --stack)")
+        try:
+            chosen = shape(args.generation, args.topology, machine_type=args.machine_type)
+        except CatalogError as error:
+            raise UsageError(str(error)) from error
+        return SliceChoice(name=args.slice, shape=chosen, count=args.num_slices)
+    from infra.config import load_stack
+
+    config = load_stack(args.stack).slice(args.slice)
+    if args.num_slices > config.count:
+        raise UsageError(
+            f"--num-slices: {args.num_slices} is not valid; valid: 1..{config.count} "
+            f"(stack {args.stack} declares {config.count} x slice {config.name})"
+        )
+    return SliceChoice(name=config.name, shape=config.shape, count=config.count)
+
+
+@contextlib.contextmanager
+def ray_cluster(
+    args: argparse.Namespace, slices: list[SliceChoice], *, log: Any = print
+) -> Iterator[Any]:
+    """``--local``: the simulated cluster of ``slices``; otherwise connect to ``--address``."""
+    import ray
+
+    if args.local:
+        from workloads.local_cluster import LocalSliceCluster
+
+        log(f"starting the simulated slice cluster: {describe_hosts(slices)}")
+        with LocalSliceCluster(slices) as cluster:
+            log(f"cluster up in {cluster.start_seconds:.1f} s at {cluster.address}")
+            yield cluster
+        return
+    address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
+    ray.init(address=address, logging_level="WARNING")
+    try:
+        yield None
+    finally:
+        ray.shutdown()
+
+
+def describe_hosts(slices: list[SliceChoice]) -> str:
+    return ", ".join(
+        f"{s.count} x {s.name} ({s.shape.generation.name} {s.shape.topology}: "
+        f"{s.shape.hosts} hosts x {s.shape.chips_per_host} chips)"
+        for s in slices
+    )
+
+
+@dataclass(frozen=True)
+class HttpReply:
+    status: int
+    body: dict[str, Any]
+    seconds: float
+
+
+def post_json(
+    url: str, payload: Any, *, timeout_s: float = 60.0, raw: bytes | None = None
+) -> HttpReply:
+    """POST ``payload`` as JSON (or ``raw`` bytes as-is); 4xx/5xx come back, not raise."""
+    data = raw if raw is not None else json.dumps(payload).encode("utf-8")
+    request = urllib.request.Request(
+        url, data=data, method="POST", headers={"Content-Type": "application/json"}
+    )
+    began = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            status, text = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        status, text = error.code, error.read()
+    seconds = time.monotonic() - began
+    try:
+        body = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        body = {"raw": text.decode("utf-8", errors="replace")}
+    return HttpReply(status=status, body=body, seconds=seconds)

@@ -1,0 +1,80 @@
+"""Train the byte-level LM on a TPU slice from a stack's config, through Ray Train's JaxTrainer.
+
+Examples:
+  raytpu train --stack dev --slice train --local --steps 60
+  raytpu train --stack dev --slice train --address ray://ray-head:10001 --checkpoint-dir gs://b/ck
+  python -m workloads.train --generation v6e --topology 2x4 --machine-type ct6e-standard-4t
+
+Without --local or --address it joins the Ray cluster it runs in (inside a RayJob).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from workloads.commands.common import (
+    DEFAULT_CHECKPOINT_DIR,
+    UsageError,
+    add_slice_arguments,
+    ray_cluster,
+    resolve_slice,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_slice_arguments(parser, default_slice="train")
+    parser.add_argument(
+        "--steps", type=int, default=100, help="train until this step (default 100)"
+    )
+    parser.add_argument(
+        "--global-batch", type=int, default=32, help="sequences per step (default 32)"
+    )
+    parser.add_argument("--checkpoint-every", type=int, default=50, help="steps (default 50)")
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=DEFAULT_CHECKPOINT_DIR,
+        help="Orbax checkpoints; resumes from the latest one (gs:// on GKE; default "
+        "$RAYTPU_CHECKPOINT_DIR or /tmp/raytpu/checkpoints)",
+    )
+    parser.add_argument("--reserve-timeout", type=float, default=60.0, help="seconds (default 60)")
+    parser.add_argument(
+        "--start-timeout", type=float, default=120.0, help="worker group start bound, seconds"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from workloads.train import TrainConfig, TrainingError, run_training
+
+    try:
+        chosen = resolve_slice(args)
+        config = TrainConfig(
+            checkpoint_dir=args.checkpoint_dir,
+            steps=args.steps,
+            global_batch=args.global_batch,
+            checkpoint_every=args.checkpoint_every,
+        )
+        config.validate(chosen.shape, args.num_slices)
+    except (UsageError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        with ray_cluster(args, [chosen]):
+            result = run_training(
+                chosen.shape,
+                config,
+                num_slices=args.num_slices,
+                reserve_timeout_s=args.reserve_timeout,
+                start_timeout_s=args.start_timeout,
+            )
+    except TrainingError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(
+        f"trained {chosen.shape.name} x {args.num_slices}: steps {result.resumed_from}->"
+        f"{result.final_step}, loss {result.first_loss:.3f} -> {result.last_loss:.3f}, "
+        f"{result.process_count} processes / {result.device_count} devices, "
+        f"checkpoint {result.checkpoint_dir} @ {result.latest_checkpoint}"
+    )
+    return 0

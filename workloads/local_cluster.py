@@ -1,0 +1,288 @@
+"""A local Ray cluster shaped like the GKE stack runs it: the simulated TPU slice cluster.
+
+Glossary (Ray's words):
+
+- **head node**: the Ray node that runs the GCS; KubeRay's head pod has no TPU, so ours has none.
+- **worker node**: one Ray node per TPU **host** (one TPU VM, one Kubernetes node). A slice of
+  ``hosts`` hosts is ``hosts`` worker nodes; a slice config with ``count`` copies gives ``count``
+  independent slices.
+- **slice name**: ``TPU_NAME``, shared by all hosts of one slice; KubeRay's webhook sets it to
+  ``<worker group>-<replica index>``. Here it is ``<slice config name>-<copy index>``.
+- **worker id**: ``TPU_WORKER_ID``, 0..hosts-1 inside a slice; worker 0 carries the slice's head
+  resource ``TPU-<pod type>-head`` that :mod:`ray.util.tpu` reserves first.
+
+On a real TPU host Ray derives the ``TPU`` resource, the ``accelerator_type:TPU-V6E`` resource, the
+slice-name resource, the head resource and the ``ray.io/tpu-*`` labels from the host's environment
+and its ``/dev/accel*`` devices. On a CPU machine it detects no TPU and derives nothing (checked
+with Ray 2.60: the nodes came up with no labels), so :func:`host_specs` states exactly those
+resources and labels, plus the same environment, ``JAX_PLATFORMS=cpu`` and
+``--xla_force_host_platform_device_count=<chips per host>`` so that each host process sees one CPU
+device per TPU chip. ``jax.distributed`` then joins the host processes into one real mesh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, Protocol
+
+from raytpu.catalog import SliceShape
+
+logger = logging.getLogger(__name__)
+
+# Ray's node label keys (ray._raylet.RAY_NODE_TPU_*_KEY); spelled out so that building the specs
+# does not import Ray.
+LABEL_SLICE_NAME = "ray.io/tpu-slice-name"
+LABEL_WORKER_ID = "ray.io/tpu-worker-id"
+LABEL_POD_TYPE = "ray.io/tpu-pod-type"
+LABEL_TOPOLOGY = "ray.io/tpu-topology"
+LABEL_ACCELERATOR_TYPE = "ray.io/accelerator-type"
+
+DEFAULT_START_TIMEOUT_S = 120.0
+"""Bound on bringing up all nodes (the 2-core machine needs ~5 s per node)."""
+
+
+class SliceLike(Protocol):
+    """What the simulation needs from ``infra.config.SliceConfig``."""
+
+    name: str
+    shape: SliceShape
+    count: int
+
+
+class LocalClusterError(RuntimeError):
+    """The simulated slice cluster could not start; nothing of it is left running."""
+
+
+@dataclass(frozen=True)
+class SimulatedHost:
+    """One TPU host as a Ray worker node: its environment, resources and labels."""
+
+    slice_config: str
+    """Name of the slice in the stack config (``train``)."""
+    slice_name: str
+    """``TPU_NAME``: ``train-0`` for copy 0 of slice ``train``."""
+    worker_id: int
+    shape: SliceShape
+    env: Mapping[str, str] = field(default_factory=dict)
+    resources: Mapping[str, float] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def host_specs(slices: Iterable[SliceLike]) -> list[SimulatedHost]:
+    """One :class:`SimulatedHost` per host per slice copy, exactly what a real host advertises."""
+    hosts: list[SimulatedHost] = []
+    for slice_config in slices:
+        shape = slice_config.shape
+        if int(slice_config.count) < 1:
+            raise LocalClusterError(
+                f"slices[{slice_config.name}].count: {slice_config.count!r} is not valid; "
+                "valid: an integer >= 1"
+            )
+        for copy in range(int(slice_config.count)):
+            slice_name = f"{slice_config.name}-{copy}"
+            for worker_id in range(shape.hosts):
+                env = {
+                    "TPU_NAME": slice_name,
+                    "TPU_WORKER_ID": str(worker_id),
+                    "TPU_ACCELERATOR_TYPE": shape.pod_type,
+                    "TPU_TOPOLOGY": shape.topology,
+                    "JAX_PLATFORMS": "cpu",
+                    "XLA_FLAGS": f"--xla_force_host_platform_device_count={shape.chips_per_host}",
+                }
+                resources: dict[str, float] = {
+                    "TPU": float(shape.chips_per_host),
+                    f"accelerator_type:{shape.ray_accelerator_type}": 1.0,
+                    slice_name: 1.0,
+                }
+                if worker_id == 0:
+                    resources[shape.ray_head_resource] = 1.0
+                labels = {
+                    LABEL_SLICE_NAME: slice_name,
+                    LABEL_WORKER_ID: str(worker_id),
+                    LABEL_POD_TYPE: shape.pod_type,
+                    LABEL_TOPOLOGY: shape.topology,
+                    LABEL_ACCELERATOR_TYPE: shape.ray_accelerator_type,
+                }
+                hosts.append(
+                    SimulatedHost(
+                        slice_config=slice_config.name,
+                        slice_name=slice_name,
+                        worker_id=worker_id,
+                        shape=shape,
+                        env=env,
+                        resources=resources,
+                        labels=labels,
+                    )
+                )
+    return hosts
+
+
+def free_port() -> int:
+    """A TCP port free on localhost right now (never Ray's default 6379)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalSliceCluster:
+    """A Ray head plus one worker node per simulated TPU host; a context manager.
+
+    ``start()`` brings it up and connects this process as the driver; ``stop()`` disconnects and
+    kills every process it started. Both are idempotent. Inside ``with``, SIGINT and SIGTERM
+    raise :class:`KeyboardInterrupt` so the block unwinds and the cluster stops.
+    """
+
+    def __init__(
+        self,
+        slices: Sequence[SliceLike],
+        *,
+        head_cpus: int = 1,
+        host_cpus: int = 1,
+        object_store_mb: int = 100,
+        connect: bool = True,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+    ) -> None:
+        self.hosts = host_specs(slices)
+        self.slices = tuple(slices)
+        self._head_cpus = head_cpus
+        self._host_cpus = host_cpus
+        self._object_store = object_store_mb * 1024 * 1024
+        self._connect = connect
+        self._start_timeout_s = start_timeout_s
+        self._cluster: Any = None
+        self._previous_handlers: dict[int, Any] = {}
+        self.address: str | None = None
+        self.start_seconds: float | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> LocalSliceCluster:
+        """Start the head and all hosts; on any failure stop what started and re-raise."""
+        import ray
+        from ray.cluster_utils import Cluster
+
+        if self._cluster is not None:
+            return self
+        began = time.monotonic()
+        try:
+            self._cluster = Cluster(
+                initialize_head=True,
+                head_node_args={
+                    "num_cpus": self._head_cpus,
+                    "include_dashboard": False,
+                    "gcs_server_port": free_port(),
+                    "dashboard_agent_listen_port": free_port(),
+                    "object_store_memory": self._object_store,
+                },
+            )
+            for host in self.hosts:
+                self._check_deadline(began)
+                self._cluster.add_node(
+                    num_cpus=self._host_cpus,
+                    resources=dict(host.resources),
+                    labels=dict(host.labels),
+                    env_vars=dict(host.env),
+                    object_store_memory=self._object_store,
+                    dashboard_agent_listen_port=free_port(),
+                )
+            self._cluster.wait_for_nodes(timeout=self._remaining(began))
+            self.address = self._cluster.address
+            if self._connect:
+                ray.init(
+                    address=self.address,
+                    include_dashboard=False,
+                    log_to_driver=True,
+                    logging_level=logging.WARNING,
+                )
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - began
+        logger.info(
+            "local slice cluster up at %s: head + %d simulated TPU hosts in %.1f s",
+            self.address,
+            len(self.hosts),
+            self.start_seconds,
+        )
+        return self
+
+    def stop(self) -> None:
+        """Disconnect the driver and kill every node process. Safe to call twice."""
+        import ray
+
+        cluster, self._cluster = self._cluster, None
+        with contextlib.suppress(Exception):
+            if self._connect and ray.is_initialized():
+                ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+            logger.info("local slice cluster stopped")
+        self.address = None
+
+    def __enter__(self) -> LocalSliceCluster:
+        self._install_signal_handlers()
+        try:
+            return self.start()
+        except BaseException:
+            self._restore_signal_handlers()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.stop()
+        finally:
+            self._restore_signal_handlers()
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _remaining(self, began: float) -> float:
+        return max(1.0, self._start_timeout_s - (time.monotonic() - began))
+
+    def _check_deadline(self, began: float) -> None:
+        if time.monotonic() - began > self._start_timeout_s:
+            raise LocalClusterError(
+                f"local slice cluster: not up after {self._start_timeout_s:.0f} s "
+                f"({len(self.hosts)} hosts requested)"
+            )
+
+    def _install_signal_handlers(self) -> None:
+        def interrupt(signum: int, frame: FrameType | None) -> None:
+            raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+        if os.name != "posix":
+            return
+        with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous_handlers[signum] = signal.signal(signum, interrupt)
+
+    def _restore_signal_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signum, handler)
+        self._previous_handlers.clear()
+
+    def describe(self) -> list[dict[str, Any]]:
+        """One row per simulated host, for summaries."""
+        return [
+            {
+                "slice": host.slice_name,
+                "worker": host.worker_id,
+                "podType": host.shape.pod_type,
+                "topology": host.shape.topology,
+                "chips": host.shape.chips_per_host,
+            }
+            for host in self.hosts
+        ]
+
+
+@contextlib.contextmanager
+def local_slice_cluster(slices: Sequence[SliceLike], **kwargs: Any) -> Iterator[LocalSliceCluster]:
+    """``with local_slice_cluster(stack.slices) as cluster:`` -- start, yield, always stop."""
+    with LocalSliceCluster(slices, **kwargs) as cluster:
+        yield cluster

@@ -1,0 +1,270 @@
+"""Atomic reservation of whole TPU slices: the only module that imports :mod:`ray.util.tpu`.
+
+Glossary (Ray's words):
+
+- **slice**: all TPU hosts of one topology, joined by ICI. A multi-host slice must be reserved
+  whole: a partial slice hangs in its first collective.
+- **head resource**: ``TPU-<pod type>-head``, carried only by worker 0 of each slice.
+  :func:`ray.util.tpu.slice_placement_group` first reserves it (a *head placement group*), which
+  claims one free slice and reveals its **slice name** (``ray.io/tpu-slice-name``).
+- **placement group**: one **bundle** per host (``{"TPU": chips per host, "CPU": 1}``), each bundle
+  constrained by a label selector to the claimed slice, so all bundles land on that slice's hosts.
+  Schedule workers into bundle *i* with ``PlacementGroupSchedulingStrategy``.
+- **chips per VM**: chips per host. Ray guesses it from the topology (8 for v5e/v6e ``2x4``,
+  which is wrong on 4-chip machines); we always pass it from the catalog.
+
+:func:`reserve_slices` reserves ``num_slices`` whole slices, waits for every bundle with a bound,
+yields a :class:`SliceReservation`, and removes every placement group on exit or error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from raytpu.catalog import SliceShape
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 30.0
+
+LABEL_SLICE_NAME = "ray.io/tpu-slice-name"
+LABEL_WORKER_ID = "ray.io/tpu-worker-id"
+LABEL_POD_TYPE = "ray.io/tpu-pod-type"
+LABEL_TOPOLOGY = "ray.io/tpu-topology"
+
+
+class SliceReservationError(RuntimeError):
+    """A slice reservation that did not happen; by the time it is raised nothing is held.
+
+    Names the shape (generation, topology, hosts x chips), how long it waited, and why.
+    """
+
+    def __init__(self, shape: SliceShape, num_slices: int, waited_s: float, reason: str) -> None:
+        self.shape = shape
+        self.num_slices = num_slices
+        self.waited_s = waited_s
+        self.reason = reason
+        super().__init__(
+            f"could not reserve {num_slices} x {shape.generation.name} {shape.topology} "
+            f"({shape.hosts} hosts x {shape.chips_per_host} chips, pod type {shape.pod_type}) "
+            f"after waiting {waited_s:.1f} s: {reason}"
+        )
+
+
+@dataclass(frozen=True)
+class ReservedHost:
+    """One bundle of the placement group and the TPU host it landed on."""
+
+    bundle_index: int
+    slice_name: str
+    worker_id: int
+    node_id: str
+
+
+@dataclass(frozen=True)
+class SliceReservation:
+    """What workers need to run on reserved slices. Valid only inside ``reserve_slices``."""
+
+    shape: SliceShape
+    num_slices: int
+    placement_group: Any
+    """The :class:`ray.util.placement_group.PlacementGroup` holding one bundle per host."""
+    hosts: tuple[ReservedHost, ...]
+    """One per bundle, ordered by bundle index."""
+    slice_names: tuple[str, ...]
+    wait_s: float
+    """Seconds from the request until every bundle was placed."""
+    bundle_resources: dict[str, float]
+
+    def scheduling_strategy(self, bundle_index: int) -> Any:
+        """The strategy that pins a task or actor to bundle ``bundle_index``."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if not 0 <= bundle_index < len(self.hosts):
+            raise ValueError(
+                f"bundle_index: {bundle_index!r} is not valid; valid: 0..{len(self.hosts) - 1}"
+            )
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.placement_group,
+            placement_group_bundle_index=bundle_index,
+        )
+
+
+def _describe_missing(shape: SliceShape, tpu_per_bundle: float) -> str:
+    """Why bundles did not place: which slice lacks hosts, or which host is too small."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    by_slice: dict[str, list[dict[str, Any]]] = {}
+    for node in nodes:
+        labels = node.get("Labels") or {}
+        if labels.get(LABEL_POD_TYPE) == shape.pod_type:
+            by_slice.setdefault(labels.get(LABEL_SLICE_NAME, "?"), []).append(node)
+    if not by_slice:
+        return f"no host with pod type {shape.pod_type} is alive"
+    reasons = []
+    for name, members in sorted(by_slice.items()):
+        if len(members) < shape.hosts:
+            reasons.append(f"slice {name} has {len(members)} of {shape.hosts} hosts")
+    biggest = max(float((n.get("Resources") or {}).get("TPU", 0)) for n in nodes)
+    if tpu_per_bundle > biggest:
+        reasons.append(
+            f"each bundle asks TPU {tpu_per_bundle:g} but the largest host has TPU {biggest:g}"
+        )
+    if not reasons:
+        complete = sum(1 for members in by_slice.values() if len(members) >= shape.hosts)
+        reasons.append(f"no free slice: all {complete} complete slice(s) of this shape are in use")
+    return "; ".join(reasons)
+
+
+def _hosts_of(pg: Any, num_bundles: int) -> tuple[ReservedHost, ...]:
+    import ray
+    from ray.util import placement_group_table
+
+    table = placement_group_table(pg)
+    bundle_nodes = table.get("bundles_to_node_id", {})
+    labels_by_node = {n["NodeID"]: (n.get("Labels") or {}) for n in ray.nodes()}
+    hosts = []
+    for index in range(num_bundles):
+        node_id = bundle_nodes.get(index, "")
+        labels = labels_by_node.get(node_id, {})
+        hosts.append(
+            ReservedHost(
+                bundle_index=index,
+                slice_name=labels.get(LABEL_SLICE_NAME, ""),
+                worker_id=int(labels.get(LABEL_WORKER_ID, -1)),
+                node_id=node_id,
+            )
+        )
+    return tuple(hosts)
+
+
+@contextlib.contextmanager
+def reserve_slices(
+    shape: SliceShape,
+    num_slices: int = 1,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    tpu_per_bundle: int | None = None,
+    cpus_per_bundle: float = 1.0,
+    name: str = "",
+) -> Iterator[SliceReservation]:
+    """Reserve ``num_slices`` whole slices of ``shape`` atomically; release them on exit.
+
+    ``tpu_per_bundle`` defaults to the shape's chips per host (one bundle per host); a larger
+    value models workers sized for bigger hosts and fails with a reason. Waits at most about
+    ``timeout_s`` in all. Raises :class:`SliceReservationError` (holding nothing) when no free
+    slice exists, a slice lacks a host, or the bundles cannot be placed in time.
+    """
+    import ray
+    from ray.util.tpu import slice_placement_group
+
+    if int(num_slices) < 1:
+        raise ValueError(f"num_slices: {num_slices!r} is not valid; valid: an integer >= 1")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s: {timeout_s!r} is not valid; valid: a number > 0")
+    tpu = int(tpu_per_bundle or shape.chips_per_host)
+    selector = {LABEL_POD_TYPE: shape.pod_type, LABEL_TOPOLOGY: shape.topology}
+    began = time.monotonic()
+    spg: Any = None
+    reservation: SliceReservation | None = None
+    try:
+        try:
+            spg = slice_placement_group(
+                shape.topology,
+                shape.accelerator_version,
+                resources_per_bundle={"TPU": tpu, "CPU": cpus_per_bundle},
+                num_slices=int(num_slices),
+                chips_per_vm=shape.chips_per_host,
+                head_reservation_timeout_s=timeout_s,
+                bundle_label_selector=[
+                    dict(selector) for _ in range(_bundles(shape, tpu) * num_slices)
+                ],
+                name=name,
+            )
+        except TimeoutError as error:
+            raise SliceReservationError(
+                shape,
+                num_slices,
+                time.monotonic() - began,
+                f"no free slice: the head resource {shape.ray_head_resource} stayed busy or "
+                f"absent for {timeout_s:.0f} s",
+            ) from error
+        except (ValueError, RuntimeError) as error:
+            raise SliceReservationError(
+                shape, num_slices, time.monotonic() - began, f"Ray refused the request: {error}"
+            ) from error
+        pg = spg.placement_group
+        remaining = max(0.5, timeout_s - (time.monotonic() - began))
+        ready, _ = ray.wait([pg.ready()], timeout=remaining)
+        if not ready:
+            raise SliceReservationError(
+                shape,
+                num_slices,
+                time.monotonic() - began,
+                f"bundles not placed within {timeout_s:.0f} s: {_describe_missing(shape, tpu)}",
+            )
+        # Every host bundle is placed; the head placement groups only guarded the race.
+        spg.release_head_pgs()
+        hosts = _hosts_of(pg, spg.num_bundles)
+        reservation = SliceReservation(
+            shape=shape,
+            num_slices=int(num_slices),
+            placement_group=pg,
+            hosts=hosts,
+            slice_names=tuple(dict.fromkeys(h.slice_name for h in hosts)),
+            wait_s=time.monotonic() - began,
+            bundle_resources=dict(spg.bundle_resources),
+        )
+    except SliceReservationError as error:
+        logger.warning(
+            "slice reservation failed: shape=%s generation=%s hosts=%d slices=%d wait=%.1fs "
+            "reason=%s",
+            shape.topology,
+            shape.generation.name,
+            shape.hosts,
+            num_slices,
+            error.waited_s,
+            error.reason,
+        )
+        _shutdown(spg)
+        raise
+    except BaseException:
+        _shutdown(spg)
+        raise
+    logger.info(
+        "slice reservation ok: shape=%s generation=%s hosts=%d slices=%d (%s) wait=%.1fs",
+        shape.topology,
+        shape.generation.name,
+        shape.hosts,
+        num_slices,
+        ", ".join(reservation.slice_names),
+        reservation.wait_s,
+    )
+    try:
+        yield reservation
+    finally:
+        _shutdown(spg)
+        logger.info("slice reservation released: %s", ", ".join(reservation.slice_names))
+
+
+def _bundles(shape: SliceShape, tpu_per_bundle: int) -> int:
+    """Bundles per slice for ``tpu_per_bundle`` TPU each (Ray's own arithmetic)."""
+    return max(1, shape.chips // tpu_per_bundle)
+
+
+def _shutdown(spg: Any) -> None:
+    if spg is not None:
+        spg.shutdown()
+
+
+def free_slice_count(shape: SliceShape) -> int:
+    """Idle, intact slices of ``shape`` in the connected cluster right now."""
+    from ray.util.tpu import get_num_ready_tpu_slices
+
+    return int(get_num_ready_tpu_slices(shape.topology, shape.ray_accelerator_type))

@@ -1,0 +1,393 @@
+"""Data-parallel SPMD training of the byte-level LM on TPU slices through Ray Train's JaxTrainer.
+
+Glossary (Ray's words):
+
+- **worker**: one Ray Train worker process per TPU host (``num_workers = hosts x slices``), sized
+  ``{"TPU": chips per host}``. JaxTrainer reserves the slices (SlicePlacementGroup) and calls
+  ``jax.distributed.initialize`` on every worker, so ``jax.devices()`` is every chip of every slice.
+- **mesh**: a 1-D ``jax.sharding.Mesh`` over all those devices, axis ``data``. Each worker builds
+  its share of the global batch and :func:`jax.make_array_from_process_local_data` assembles the
+  global array; parameters are replicated; XLA all-reduces the gradients across hosts.
+- **checkpoint**: an Orbax ``CheckpointManager`` directory (``gs://...`` on GKE, a local path in
+  the simulation) written every ``checkpoint_every`` steps by all workers together; a new run
+  resumes from the latest step in it.
+
+The driver never imports jax: the worker function does. ``python -m workloads.train --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raytpu.catalog import SliceShape
+
+logger = logging.getLogger(__name__)
+
+WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+"""Ray Train v2 bound on starting the worker group (default 60 s, then it retries)."""
+
+
+class TrainingError(RuntimeError):
+    """A training run that did not start or did not finish; names the shape and the cause."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. ``checkpoint_dir`` may be ``gs://`` on a real cluster."""
+
+    checkpoint_dir: str
+    steps: int = 120
+    global_batch: int = 32
+    checkpoint_every: int = 40
+    seed: int = 0
+    log_every: int = 10
+    """Steps per ``ray.train.report`` (each report carries the per-step losses of its window)."""
+    model: dict[str, Any] = field(default_factory=dict)
+    """Overrides of :class:`workloads.model.ModelConfig` fields."""
+
+    def validate(self, shape: SliceShape, num_slices: int) -> None:
+        devices = shape.chips * num_slices
+        checks = [
+            ("steps", self.steps, self.steps >= 1, "an integer >= 1"),
+            ("checkpoint_every", self.checkpoint_every, self.checkpoint_every >= 1, ">= 1"),
+            (
+                "global_batch",
+                self.global_batch,
+                self.global_batch >= devices and self.global_batch % devices == 0,
+                f"a positive multiple of the {devices} devices of {num_slices} x {shape.name}",
+            ),
+        ]
+        for name, value, ok, valid in checks:
+            if not ok:
+                raise ValueError(f"train.{name}: {value!r} is not valid; valid: {valid}")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a finished run reports back to the driver."""
+
+    steps_run: int
+    final_step: int
+    resumed_from: int
+    first_loss: float
+    last_loss: float
+    losses: list[float]
+    process_count: int
+    device_count: int
+    local_device_count: int
+    checkpoint_dir: str
+    latest_checkpoint: int
+    params_digest: str
+    seconds: float
+    placement_wait_s: float | None = None
+    slice_names: tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------- worker side (jax imported here)
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Runs once per TPU host. Must be called under JaxTrainer (jax.distributed is initialized)."""
+    from functools import partial
+
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from workloads import model as m
+    from workloads.corpus import load_corpus
+
+    began = time.monotonic()
+    _quiet_worker_logs()
+    run = TrainConfig(**config["train"])
+    cfg = m.ModelConfig.from_dict(run.model)
+    devices = jax.devices()
+    mesh = Mesh(np.array(devices), ("data",))
+    data_sharding = NamedSharding(mesh, P("data"))
+    replicated = NamedSharding(mesh, P())
+    local_batch = run.global_batch // jax.process_count()
+    corpus = m.encode(load_corpus())
+
+    init = jax.jit(partial(m.init_state, cfg), out_shardings=replicated)
+    state = init(jax.random.PRNGKey(run.seed))
+    step_fn = jax.jit(
+        partial(m.train_step, cfg),
+        in_shardings=(replicated, data_sharding),
+        out_shardings=(replicated, replicated),
+        donate_argnums=0,
+    )
+
+    manager = open_checkpoints(run.checkpoint_dir, run.checkpoint_every)
+    resumed_from = 0
+    try:
+        latest = manager.latest_step()
+        if latest is not None:
+            state = restore_state(manager, latest, state)
+            resumed_from = int(latest)
+        losses: list[float] = []
+        first_step = int(resumed_from)
+        for step in range(first_step, run.steps):
+            local = m.sample_batch(
+                corpus, local_batch, cfg.seq_len, seed=(run.seed, step, jax.process_index())
+            )
+            batch = jax.make_array_from_process_local_data(data_sharding, local)
+            state, loss = step_fn(state, batch)
+            loss_value = float(loss.addressable_data(0))
+            losses.append(loss_value)
+            done = step + 1
+            if jax.process_index() == 0:
+                print(f"[train] step {done}/{run.steps} loss {loss_value:.4f}", flush=True)
+            if done % run.checkpoint_every == 0 or done == run.steps:
+                save_state(manager, done, state, cfg)
+            if done % run.log_every == 0 and done != run.steps:
+                # One report per window: each ray.train.report is a cross-worker round trip
+                # (~1 s on the simulated cluster), the per-step losses travel inside it.
+                window = losses[-run.log_every :]
+                _report({"step": done, "loss": loss_value, "window_losses": window}, final=False)
+        manager.wait_until_finished()
+        _report(
+            {
+                "step": max(first_step, run.steps),
+                "loss": losses[-1] if losses else float("nan"),
+                "first_loss": losses[0] if losses else float("nan"),
+                "losses": losses,
+                "resumed_from": resumed_from,
+                "process_count": jax.process_count(),
+                "device_count": jax.device_count(),
+                "local_device_count": jax.local_device_count(),
+                "latest_checkpoint": int(manager.latest_step() or 0),
+                "params_digest": m.params_digest(state.params),
+                "seconds": time.monotonic() - began,
+            },
+            final=True,
+        )
+    finally:
+        manager.close()
+
+
+def _report(metrics: dict[str, Any], *, final: bool) -> None:
+    """``ray.train.report`` every step; the final report carries a small Ray Train checkpoint
+    (rank 0 only) because Ray Train v2 returns to the driver only metrics attached to one."""
+    import tempfile
+
+    import ray.train
+
+    if not final:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = None
+        if ray.train.get_context().get_world_rank() == 0:
+            Path(tmp, "summary.json").write_text(json.dumps(metrics), encoding="utf-8")
+            checkpoint = ray.train.Checkpoint.from_directory(tmp)
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+
+def _quiet_worker_logs() -> None:
+    """Orbax logs every array it writes at INFO through absl; keep warnings only."""
+    import absl.logging
+
+    absl.logging.set_verbosity(absl.logging.WARNING)
+    logging.getLogger("absl").setLevel(logging.WARNING)
+
+
+def open_checkpoints(directory: str, every: int) -> Any:
+    import orbax.checkpoint as ocp
+
+    options = ocp.CheckpointManagerOptions(max_to_keep=3, create=True)
+    return ocp.CheckpointManager(_orbax_path(directory), options=options)
+
+
+def _orbax_path(directory: str) -> Any:
+    if "://" in directory:
+        from etils import epath
+
+        return epath.Path(directory)
+    return Path(directory).absolute()
+
+
+def save_state(manager: Any, step: int, state: Any, cfg: Any) -> None:
+    import orbax.checkpoint as ocp
+
+    manager.save(
+        step,
+        args=ocp.args.Composite(
+            params=ocp.args.StandardSave(state.params),
+            opt_state=ocp.args.StandardSave(state.opt_state),
+            meta=ocp.args.JsonSave({"step": step, "model": cfg.to_dict()}),
+        ),
+    )
+
+
+def restore_state(manager: Any, step: int, like: Any) -> Any:
+    """Restore params and optimizer state into the shardings of ``like``."""
+    import jax
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+
+    def abstract(tree: Any) -> Any:
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree
+        )
+
+    restored = manager.restore(
+        step,
+        args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(abstract(like.params)),
+            opt_state=ocp.args.StandardRestore(abstract(like.opt_state)),
+        ),
+    )
+    step_array = jax.device_put(jnp.asarray(step, jnp.int32), like.step.sharding)
+    return like.replace(step=step_array, params=restored.params, opt_state=restored.opt_state)
+
+
+def restore_params(directory: str, step: int | None = None) -> tuple[Any, Any, int]:
+    """(params, ModelConfig, step) from a checkpoint dir, onto this process's first device.
+
+    Used by Serve replicas and tests (one process, any device count).
+    """
+    import jax
+    import orbax.checkpoint as ocp
+
+    from workloads import model as m
+
+    manager = ocp.CheckpointManager(_orbax_path(directory))
+    try:
+        chosen = manager.latest_step() if step is None else step
+        if chosen is None:
+            raise FileNotFoundError(f"checkpoint_dir: {directory!r} has no checkpoint")
+        meta = manager.restore(chosen, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+        cfg = m.ModelConfig.from_dict(meta["model"])
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        shapes = jax.eval_shape(lambda: m.init_state(cfg, jax.random.PRNGKey(0)).params)
+        target = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes
+        )
+        restored = manager.restore(
+            chosen, args=ocp.args.Composite(params=ocp.args.StandardRestore(target))
+        )
+        return restored.params, cfg, int(chosen)
+    finally:
+        manager.close()
+
+
+# ------------------------------------------------------------------------------- driver side
+@contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
+def run_training(
+    shape: SliceShape,
+    run: TrainConfig,
+    *,
+    num_slices: int = 1,
+    tpu_per_worker: int | None = None,
+    reserve_timeout_s: float = 30.0,
+    start_timeout_s: float = 60.0,
+    storage_path: str | None = None,
+    name: str = "raytpu-train",
+) -> TrainResult:
+    """Train on ``num_slices`` slices of ``shape`` in the connected Ray cluster.
+
+    First reserves the slices with :func:`workloads.reservation.reserve_slices` (sized exactly as
+    the workers will be) and releases them, so that a request no slice can hold fails within
+    ``reserve_timeout_s`` with the reason. Then JaxTrainer runs with no retries and a worker
+    group start bound of ``start_timeout_s``. Raises :class:`TrainingError`.
+    """
+    import ray.train
+    from ray.train.v2.jax import JaxTrainer
+
+    from workloads.reservation import SliceReservationError, reserve_slices
+
+    run.validate(shape, num_slices)
+    tpu = int(tpu_per_worker or shape.chips_per_host)
+    num_workers = (shape.chips // tpu) * num_slices
+    try:
+        with reserve_slices(
+            shape, num_slices, timeout_s=reserve_timeout_s, tpu_per_bundle=tpu
+        ) as reservation:
+            placement_wait = reservation.wait_s
+            slice_names = reservation.slice_names
+    except SliceReservationError as error:
+        raise TrainingError(
+            f"training on {num_slices} x {shape.name} with {num_workers} workers of "
+            f"TPU {tpu} cannot start: {error}"
+        ) from error
+
+    storage = storage_path or str(Path(run.checkpoint_dir).absolute().parent / "ray_results")
+    trainer = JaxTrainer(
+        train_loop_per_worker=train_loop_per_worker,
+        train_loop_config={"train": asdict(run)},
+        scaling_config=ray.train.ScalingConfig(
+            use_tpu=True,
+            num_workers=num_workers,
+            topology=shape.topology,
+            accelerator_type=shape.ray_accelerator_type,
+            resources_per_worker={"TPU": tpu},
+        ),
+        run_config=ray.train.RunConfig(
+            name=name,
+            storage_path=storage,
+            failure_config=ray.train.FailureConfig(max_failures=0, controller_failure_limit=0),
+        ),
+    )
+    began = time.monotonic()
+    try:
+        with _env(WORKER_GROUP_START_TIMEOUT_ENV, str(start_timeout_s)):
+            result = trainer.fit()
+    except ray.train.TrainingFailedError as error:
+        raise TrainingError(
+            f"training on {num_slices} x {shape.name} ({num_workers} workers of TPU {tpu}) "
+            f"failed after {time.monotonic() - began:.0f} s: {error}"
+        ) from error
+    metrics = result.metrics or {}
+    if "params_digest" not in metrics:
+        raise TrainingError(f"training on {shape.name} ended without a final report: {metrics}")
+    return TrainResult(
+        steps_run=len(metrics["losses"]),
+        final_step=int(metrics["step"]),
+        resumed_from=int(metrics["resumed_from"]),
+        first_loss=float(metrics["first_loss"]),
+        last_loss=float(metrics["loss"]),
+        losses=[float(x) for x in metrics["losses"]],
+        process_count=int(metrics["process_count"]),
+        device_count=int(metrics["device_count"]),
+        local_device_count=int(metrics["local_device_count"]),
+        checkpoint_dir=run.checkpoint_dir,
+        latest_checkpoint=int(metrics["latest_checkpoint"]),
+        params_digest=str(metrics["params_digest"]),
+        seconds=float(metrics["seconds"]),
+        placement_wait_s=placement_wait,
+        slice_names=slice_names,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workloads.train``: the same as ``raytpu train``."""
+    from workloads.commands import train as command
+
+    parser = argparse.ArgumentParser(prog="python -m workloads.train", description=__doc__)
+    command.add_arguments(parser)
+    return command.run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
