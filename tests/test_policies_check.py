@@ -323,3 +323,22 @@ def test_bad_policy_config_exits_2(capsys, tmp_path, config, message):
     manifest = write_yaml(tmp_path / "k8s.yaml", good_cluster())
     assert main(["check", str(manifest), "--policy-config", str(path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_100_slice_stack_export_checks_in_seconds(capsys, tmp_path):
+    import time
+
+    resources = []
+    for i in range(100):
+        pool = node_pool_props("v6e", "4x4", name=f"s-{i}")
+        resources.append(("gcp:container/nodePool:NodePool", f"slice-s-{i}", pool))
+    groups = [tpu_group(V6E_4X4, name=f"g{i}", replicas=25) for i in range(4)]
+    cluster = ray_object("RayCluster", "big", cluster_spec(groups))
+    resources = [*tpu_stack()[:1], *resources, ("kubernetes:ray.io/v1:RayCluster", "big", cluster)]
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(stack_export(resources)))
+    start = time.perf_counter()
+    code, result = check_json(capsys, str(path))
+    elapsed = time.perf_counter() - start
+    assert (code, result["violations"], result["files"][0]["resources"]) == (0, [], 102)
+    assert elapsed < 30, f"check of 100 slices took {elapsed:.1f}s"
