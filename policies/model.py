@@ -170,11 +170,20 @@ def _sum_tpu(containers: list[Any], key: str) -> Any:
 
 
 def kind_of(props: Mapping[str, Any], resource_type: str = "") -> str | None:
-    """The KubeRay kind of an object: from its type token, else from its ``kind`` property."""
+    """The KubeRay kind of an object: its type token, else its ``kind``, else its spec's shape."""
     kind = ray_kind(resource_type) if resource_type else None
     if kind is None:
         found = get(props, "kind")
         kind = found if found in RAY_KINDS else None
+    if kind is None and get(props, "apiVersion") in (None, "ray.io/v1"):
+        spec = get(props, "spec")  # no kind stated: recognise the spec's shape
+        if isinstance(spec, Mapping):
+            if "rayClusterConfig" in spec:
+                kind = "RayService"
+            elif "rayClusterSpec" in spec:
+                kind = "RayJob"
+            elif "workerGroupSpecs" in spec or "headGroupSpec" in spec:
+                kind = "RayCluster"
     return kind
 
 

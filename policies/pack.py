@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from policies.model import CLUSTER, NODE_POOL, SERVICE, ResourceLike, is_ingress, ray_kind
 from policies.rules import exposure, node_pool, ray_groups, ray_version, stack
-from policies.values import plain
+from policies.values import get, plain
 
 ENFORCEMENT_LEVELS = ("mandatory", "advisory", "disabled")
 DEFAULT_ENFORCEMENT = "mandatory"
@@ -68,6 +68,11 @@ def _ray_rule(check: Callable[..., list[str]]) -> Callable[..., list[str]]:
 def _exposure(props: Mapping[str, Any]) -> list[str]:
     """Dispatches on the object's kind: Service, Ingress or a KubeRay object."""
     kind = props.get("kind") if isinstance(props, Mapping) else None
+    if kind is None:  # no kind stated: recognise the spec's shape
+        if get(props, "spec.rules") is not None or get(props, "spec.defaultBackend") is not None:
+            kind = "Ingress"
+        elif get(props, "spec.ports") is not None:
+            kind = "Service"
     if kind == "Service":
         return exposure.check_service(props)
     if kind == "Ingress":

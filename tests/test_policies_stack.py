@@ -421,3 +421,33 @@ def test_adapter_stack_policy_reads_policy_resources(pulumi_policies):
         StackValidationArgs(stack), lambda m, urn=None: reported.append(m)
     )
     assert len(reported) == 1 and "offer 1" in reported[0]
+
+
+@pytest.mark.parametrize(
+    ("type_", "props", "policy"),
+    [
+        (
+            "kubernetes:core/v1:Service",
+            {"spec": {"type": "LoadBalancer", "ports": [{"port": 8265.0}]}},
+            "no-public-ray-head",
+        ),
+        (
+            "kubernetes:networking.k8s.io/v1:Ingress",
+            {"spec": {"defaultBackend": {"service": {"name": "h", "port": {"number": 10001.0}}}}},
+            "no-public-ray-head",
+        ),
+        (
+            "kubernetes:ray.io/v1:RayService",
+            {
+                "spec": {
+                    "rayClusterConfig": cluster_spec([edit(tpu_group(V6E_4X4), "numOfHosts", 2)])
+                }
+            },
+            "ray-tpu-worker-groups",
+        ),
+    ],
+    ids=["service", "ingress", "rayservice"],
+)
+def test_objects_without_kind_are_still_judged(type_, props, policy):
+    violations = evaluate([resource(type_, "x", props)])
+    assert policy in {v.policy for v in violations}
