@@ -200,20 +200,20 @@ def write_results(name: str, payload: dict[str, Any], directory: Path | None = N
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.json"
     document = {"benchmark": name, "machine": machine_info(), **payload}
-    text = json.dumps(_clean(document), indent=2, allow_nan=False, default=_json_default)
+    text = json.dumps(jsonable(document), indent=2, allow_nan=False, default=_json_default)
     path.write_text(text + "\n")
     print(f"results: {path}", flush=True)
     return path
 
 
-def _clean(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """NaN and infinities become null (JSON has no NaN); Stats become dicts."""
     if isinstance(value, Stats):
         value = value.to_dict()
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value

@@ -1,0 +1,98 @@
+"""Benchmarks in tiny configurations: they run and their numbers add up. No timing assertions
+(speed is what the benchmarks measure, not what tests check)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench import _common, iac_scale, matmul
+
+
+@pytest.mark.parametrize(
+    ("samples", "q", "expected"),
+    [
+        ([3.0], 50, 3.0),
+        ([1.0, 2.0, 3.0, 4.0], 50, 2.5),
+        ([1.0, 2.0, 3.0, 4.0], 0, 1.0),
+        ([1.0, 2.0, 3.0, 4.0], 100, 4.0),
+        ([10.0, 0.0], 99, 9.9),
+    ],
+    ids=["single", "median-even", "p0", "p100", "p99-unsorted"],
+)
+def test_percentile(samples, q, expected):
+    assert _common.percentile(samples, q) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: _common.percentile([], 50), "samples is empty"),
+        (lambda: _common.percentile([1.0], 101), "q=101 is not valid; valid: 0..100"),
+        (lambda: _common.summarize([]), "samples is empty"),
+    ],
+    ids=["percentile-empty", "percentile-q", "summarize-empty"],
+)
+def test_bad_statistics_input(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_summarize_and_json_round_trip(tmp_path):
+    stats = _common.summarize([0.3, 0.1, 0.2])
+    assert (stats.n, stats.median, stats.min, stats.max) == (3, 0.2, 0.1, 0.3)
+    assert stats.spread == pytest.approx(1.0)
+    path = _common.write_results(
+        "unit", {"stats": stats, "nan": math.nan, "nested": [{"x": math.inf}]}, tmp_path
+    )
+    document = json.loads(path.read_text())
+    assert document["benchmark"] == "unit"
+    assert document["stats"]["median"] == 0.2
+    assert document["nan"] is None and document["nested"] == [{"x": None}]
+    assert document["machine"]["cores"] >= 1
+    assert document["machine"]["versions"]["ray"] == "2.60.0"
+
+
+@pytest.mark.parametrize("slices", [1, 8, 64], ids=["1-slice", "8-slices", "64-slices"])
+def test_synthetic_stack_is_valid(slices):
+    from infra.config import parse_config
+
+    config = parse_config(iac_scale.synthetic_config(slices))
+    assert len(config.slices) == slices
+    assert [c.slice for c in config.ray_clusters] == [s.name for s in config.slices]
+    topologies = {s.shape.topology for s in config.slices}
+    assert len(topologies) == min(slices, len(iac_scale.SHAPES))
+
+
+def test_synthetic_stack_rejects_zero_slices():
+    with pytest.raises(ValueError, match="slices: 0 is not valid; valid: an integer >= 1"):
+        iac_scale.synthetic_config(0)
+
+
+def test_matmul_probe_tiny():
+    result = matmul.measure([32, 64], repeats=2, min_seconds=0.001, report=False)
+    assert [r["size"] for r in result["sizes"]] == [32, 64]
+    assert result["sizes"][1]["flopsPerCall"] == 2.0 * 64**3
+    assert all(r["rate"].n == 2 and r["rate"].min > 0 for r in result["sizes"])
+    assert result["peakFlops"] == max(r["rate"].median for r in result["sizes"])
+
+
+def test_iac_scale_two_tiny_sizes():
+    """One fresh process per size, as the benchmark runs them (a few seconds each)."""
+    result = iac_scale.run([1, 2], repeats=1)
+    one, two = result["sizes"]
+    assert (one["slices"], two["slices"]) == (1, 2)
+    assert two["resources"] > one["resources"]
+    # Each slice adds one node pool and one RayCluster.
+    pools = "gcp:container/nodePool:NodePool"
+    rays = "kubernetes:ray.io/v1:RayCluster"
+    assert two["resourcesByType"][pools] - one["resourcesByType"][pools] == 1
+    assert two["resourcesByType"][rays] - one["resourcesByType"][rays] == 1
+    assert one["violations"] == 0 and two["violations"] == 0
+    assert one["previewExit"] == 0
+    assert two["growth"]["slices"] == 2.0
+    assert one["tracemallocProgramPeakBytes"] > 0
+    tables = iac_scale.print_report(result)
+    assert "raytpu preview" in tables[0]
