@@ -95,6 +95,10 @@ class WorkerGroup:
     """Field path of the group in its object: ``spec.workerGroupSpecs[0]``."""
     name: Any
     replicas: Any
+    max_replicas: Any
+    """``maxReplicas``: what the in-tree autoscaler may scale the group to."""
+    autoscaled: bool
+    """The cluster spec sets ``enableInTreeAutoscaling: true``."""
     num_of_hosts: Any
     """``numOfHosts`` as written (None when absent; KubeRay then uses 1)."""
     tpu_requests: Any
@@ -107,6 +111,13 @@ class WorkerGroup:
     def hosts(self) -> Any:
         """``numOfHosts`` as KubeRay reads it: 1 when absent."""
         return 1 if self.num_of_hosts is None else self.num_of_hosts
+
+    @property
+    def slices_wanted(self) -> Any:
+        """Slices the group may hold: ``maxReplicas`` when autoscaled, else ``replicas`` (1)."""
+        if self.autoscaled and self.max_replicas is not None:
+            return self.max_replicas
+        return 1 if self.replicas is None else self.replicas
 
     @property
     def chips_per_host(self) -> Any:
@@ -219,6 +230,8 @@ def worker_groups(props: Mapping[str, Any], kind: str | None = None) -> list[Wor
                 path=f"{path}.workerGroupSpecs[{i}]",
                 name=get(group, "groupName"),
                 replicas=_int_or_raw(get(group, "replicas")),
+                max_replicas=_int_or_raw(get(group, "maxReplicas")),
+                autoscaled=get(spec, "enableInTreeAutoscaling") is True,
                 num_of_hosts=_int_or_raw(get(group, "numOfHosts")),
                 tpu_requests=requests,
                 tpu_limits=limits,

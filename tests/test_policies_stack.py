@@ -451,3 +451,18 @@ def test_adapter_stack_policy_reads_policy_resources(pulumi_policies):
 def test_objects_without_kind_are_still_judged(type_, props, policy):
     violations = evaluate([resource(type_, "x", props)])
     assert policy in {v.policy for v in violations}
+
+
+def test_autoscaled_groups_need_slices_for_max_replicas():
+    group = edit(tpu_group(V6E_4X4, replicas=1), "maxReplicas", 2)
+    obj = ray_object("RayCluster", "c", cluster_spec([group]))
+    fixed = [
+        cluster(),
+        pool("a-0", "v6e", "4x4"),
+        resource("kubernetes:ray.io/v1:RayCluster", "c", obj),
+    ]
+    assert check_slices_for_groups(fixed) == []
+    scaled = edit(obj, "spec.enableInTreeAutoscaling", True)
+    autoscaled = [*fixed[:2], resource("kubernetes:ray.io/v1:RayCluster", "c", scaled)]
+    (violation,) = check_slices_for_groups(autoscaled)
+    assert "2 slice(s) of v6e 4x4" in violation

@@ -1,7 +1,8 @@
 """Rule 3, stack level: Ray TPU worker groups have node pools to run on, and KubeRay runs at all.
 
 - Every TPU worker group finds node pools of its exact shape (generation, topology, chips per
-  host) with enough slices for the ``replicas`` of all groups of that shape: a multi-host pool is
+  host) with enough slices for the ``replicas`` of all groups of that shape (``maxReplicas`` for
+  groups of a cluster with ``enableInTreeAutoscaling``): a multi-host pool is
   one slice, a single-host pool holds one slice per node (its autoscaling max, else its node count).
 - A GKE cluster in a stack that declares KubeRay objects has the Ray Operator add-on
   (``addonsConfig.rayOperatorConfigs[0].enabled``), which brings KubeRay and its TPU webhook.
@@ -117,11 +118,8 @@ def check_slices_for_groups(resources: Sequence[ResourceLike]) -> list[str]:
                 shape = group.shape()
             except (catalog.CatalogError, TypeError, ValueError):
                 continue  # rule 2 reports the shape itself
-            replicas = group.replicas
-            if is_unknown(replicas):
-                continue
-            replicas = 1 if replicas is None else replicas
-            if not isinstance(replicas, int):
+            replicas = group.slices_wanted
+            if is_unknown(replicas) or not isinstance(replicas, int):
                 continue
             who = f"{object_label(resource)} group {group.label!r} ({group.path})"
             needed[_key(shape)].append((who, replicas))
