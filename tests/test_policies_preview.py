@@ -241,3 +241,15 @@ def test_100_slice_stack_previews_in_seconds(capsys, tmp_path):
     tpu_pools = [r for r in result["resources"] if r["type"] == "NodePool" and r["shape"]]
     assert len(tpu_pools) == 100
     assert elapsed < 30, f"preview of 100 slices took {elapsed:.1f}s"
+
+
+def test_rayjob_sharing_a_slice_pool_passes_and_one_slice_short_fails():
+    raw = _dev_raw()
+    raw["ray-tpu:rayJobs"] = [{"name": "job", "slice": "train", "replicas": 1}]
+    raw["ray-tpu:slices"][0]["count"] = 2
+    resources, _ = offline.run_program(parse_config(raw), stack="jobs")
+    assert any(r.type == "kubernetes:ray.io/v1:RayJob" for r in resources)
+    assert evaluate(resources) == []
+    short = [r for r in resources if not r.name.endswith("slice-train-1")]
+    messages = [v.message for v in evaluate(short) if v.policy == "tpu-slices-for-ray-groups"]
+    assert messages and "RayCluster/train" in messages[0] and "RayJob/job" in messages[0]
