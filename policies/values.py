@@ -168,8 +168,3 @@ def as_map(value: Any) -> dict[str, Any] | _Unknown:
     if isinstance(value, Mapping):
         return dict(value)
     return {}
-
-
-def known(*values: Any) -> bool:
-    """True when none of ``values`` is unknown."""
-    return not any(is_unknown(v) for v in values)

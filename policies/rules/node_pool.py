@@ -8,10 +8,11 @@ slice (``minNodeCount`` 0 or hosts, ``maxNodeCount`` hosts) and one zone in ``no
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
-from policies.model import TPU_MACHINE_FAMILIES, NodePool, node_pool
+from policies.model import NodePool, node_pool
 from policies.values import as_int, as_list, as_map, is_unknown
 from raytpu import catalog
 
@@ -19,6 +20,7 @@ WORKLOAD_POLICY_GENERATIONS = frozenset({"tpu7x"})
 """Generations whose multi-host pools take a workload policy instead of COMPACT + tpuTopology."""
 
 
+@functools.cache
 def _known_machines() -> dict[str, catalog.Generation]:
     return {m: g for g in catalog.GENERATIONS.values() for m, _ in g.machine_types}
 
@@ -196,9 +198,4 @@ def _location_violations(pool: NodePool, hosts: int | None, label: str) -> list[
     return []
 
 
-def machine_generation(machine_type: str) -> catalog.Generation | None:
-    """The generation of a TPU machine type, None for other machines."""
-    return _known_machines().get(machine_type)
-
-
-__all__ = ["TPU_MACHINE_FAMILIES", "check_node_pool", "check_pool_shape", "machine_generation"]
+__all__ = ["WORKLOAD_POLICY_GENERATIONS", "check_node_pool", "check_pool_shape"]
