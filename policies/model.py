@@ -311,11 +311,14 @@ def node_pool(props: Mapping[str, Any]) -> NodePool:
 
 
 def tpu_resources(resources: Sequence[ResourceLike]) -> dict[str, list[ResourceLike]]:
-    """Resources by role: ``pools`` (TPU node pools), ``clusters``, ``ray`` (KubeRay objects)."""
+    """Resources by role: ``pools`` (TPU node pools, and pools of unknown machine type),
+    ``clusters``, ``ray`` (KubeRay objects), ``policies`` (resource policies)."""
     roles: dict[str, list[ResourceLike]] = {"pools": [], "clusters": [], "ray": [], "policies": []}
     for resource in resources:
-        if resource.type == NODE_POOL and node_pool(resource.props).is_tpu:
-            roles["pools"].append(resource)
+        if resource.type == NODE_POOL:
+            pool = node_pool(resource.props)
+            if pool.is_tpu or is_unknown(pool.machine_type):  # unknown: may be a TPU pool
+                roles["pools"].append(resource)
         elif resource.type == CLUSTER:
             roles["clusters"].append(resource)
         elif resource.type == RESOURCE_POLICY:

@@ -155,6 +155,11 @@ def test_groups_without_enough_slices_fail(resources, expected):
         ],
         [
             cluster(),
+            pool("a-0", "v6e", "4x4", **{"nodeConfig.machineType": UNKNOWN_STRING}),
+            ray("RayCluster", "c", tpu_group(V6E_4X4)),
+        ],
+        [
+            cluster(),
             pool("a-0", "v6e", "4x4"),
             ray(
                 "RayCluster", "c", edit(tpu_group(V6E_4X4, replicas=2), "replicas", UNKNOWN_STRING)
@@ -167,6 +172,7 @@ def test_groups_without_enough_slices_fail(resources, expected):
         "zero-replicas",
         "manifests-only",
         "pool-topology-unknown",
+        "pool-machine-unknown",
         "replicas-unknown",
     ],
 )
