@@ -17,6 +17,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("raytpu.check", "check manifests / Pulumi stack files against the policy pack"),
     "preview": ("raytpu.preview", "run a stack offline under mocks and apply the policy pack"),
     "submit": ("raytpu.submit", "submit train/serve/any job to a stack's Ray cluster"),
+    "demo": ("workloads.commands.demo", "train and serve on a simulated TPU slice cluster"),
+    "train": ("workloads.commands.train", "train the LM on a stack's TPU slice (JaxTrainer)"),
+    "serve": ("workloads.commands.serve", "serve the latest checkpoint with Ray Serve"),
 }
 
 

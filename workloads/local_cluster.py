@@ -28,7 +28,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Protocol
@@ -149,8 +149,19 @@ class LocalSliceCluster:
         object_store_mb: int = 100,
         connect: bool = True,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        missing_hosts: Collection[tuple[str, int]] = (),
     ) -> None:
-        self.hosts = host_specs(slices)
+        """``missing_hosts``: ``(slice name, worker id)`` pairs left out, to simulate a slice
+        that lost a host (e.g. ``("broken-0", 1)``)."""
+        every = host_specs(slices)
+        known = {(h.slice_name, h.worker_id) for h in every}
+        missing = {(str(name), int(worker)) for name, worker in missing_hosts}
+        for pair in sorted(missing - known):
+            raise LocalClusterError(
+                f"missing_hosts: {pair!r} is not valid; valid: "
+                + ", ".join(f"({s!r}, {w})" for s, w in sorted(known))
+            )
+        self.hosts = [h for h in every if (h.slice_name, h.worker_id) not in missing]
         self.slices = tuple(slices)
         self._head_cpus = head_cpus
         self._host_cpus = host_cpus
@@ -171,24 +182,32 @@ class LocalSliceCluster:
         if self._cluster is not None:
             return self
         began = time.monotonic()
+        # The address is fixed up front so every node's processes get RAY_ADDRESS: Ray's own
+        # helpers that auto-detect "the" cluster (Ray Train's PlacementGroupCleaner uses the
+        # state API) would otherwise fail when other Ray instances run on this machine.
+        gcs_port = free_port()
+        address = f"{ray.util.get_node_ip_address()}:{gcs_port}"
         try:
             self._cluster = Cluster(
                 initialize_head=True,
                 head_node_args={
                     "num_cpus": self._head_cpus,
                     "include_dashboard": False,
-                    "gcs_server_port": free_port(),
+                    "gcs_server_port": gcs_port,
+                    "env_vars": {"RAY_ADDRESS": address},
                     "dashboard_agent_listen_port": free_port(),
                     "object_store_memory": self._object_store,
                 },
             )
             for host in self.hosts:
                 self._check_deadline(began)
+                # wait=False: the raylets start in parallel; wait_for_nodes below bounds it.
                 self._cluster.add_node(
+                    wait=False,
                     num_cpus=self._host_cpus,
                     resources=dict(host.resources),
                     labels=dict(host.labels),
-                    env_vars=dict(host.env),
+                    env_vars={**host.env, "RAY_ADDRESS": address},
                     object_store_memory=self._object_store,
                     dashboard_agent_listen_port=free_port(),
                 )

@@ -152,7 +152,20 @@ def generate(
     temperatures: list[float],
     seed: int = 0,
 ) -> list[str]:
-    """Continue each prompt; a batch of prompts shares one jitted forward per new byte.
+    """Continue each prompt (see :func:`generate_tokens`) and decode the new bytes."""
+    tokens = generate_tokens(params, cfg, prompts, max_new_tokens, temperatures, seed)
+    return [decode(row) for row in tokens]
+
+
+def generate_tokens(
+    params: Any,
+    cfg: ModelConfig,
+    prompts: list[str],
+    max_new_tokens: list[int],
+    temperatures: list[float],
+    seed: int = 0,
+) -> list[list[int]]:
+    """New bytes for each prompt; a batch of prompts shares one jitted forward per new byte.
 
     Temperature 0 is greedy. Context is the last ``seq_len`` bytes, left-padded with spaces.
     """
@@ -174,7 +187,7 @@ def generate(
         for row, tok in enumerate(np.asarray(nxt)):
             if len(outputs[row]) < max_new_tokens[row]:
                 outputs[row].append(int(tok))
-    return [decode(out) for out in outputs]
+    return outputs
 
 
 _FORWARD_CACHE: dict[ModelConfig, Any] = {}

@@ -141,6 +141,7 @@ class TextGenerator:
                 "max_new_tokens": r.max_new_tokens,
                 "temperature": r.temperature,
                 "checkpoint_step": self._step,
+                "host": os.environ.get("TPU_NAME", ""),
                 "batch_size": len(requests),
                 "compute_ms": round(compute_ms, 1),
             }
@@ -178,10 +179,17 @@ def build_app(
             "(one replica runs on one TPU host)"
         )
     tpu = tpu_per_replica if tpu_per_replica is not None else (shape.chips_per_host if shape else 4)
-    return TextGenerator.options(
-        num_replicas=num_replicas,
-        ray_actor_options={"resources": {"TPU": tpu}, "num_cpus": 0},
-    ).bind(checkpoint_dir)
+    actor_options: dict[str, Any] = {"resources": {"TPU": tpu}, "num_cpus": 0}
+    if shape is not None:
+        # Only hosts of the serving slice's shape: in a cluster that also has training slices
+        # of the same chip count, TPU alone would not keep replicas off them.
+        actor_options["label_selector"] = {
+            "ray.io/tpu-pod-type": shape.pod_type,
+            "ray.io/tpu-topology": shape.topology,
+        }
+    return TextGenerator.options(num_replicas=num_replicas, ray_actor_options=actor_options).bind(
+        checkpoint_dir
+    )
 
 
 def _app_from_env() -> Any:

@@ -60,6 +60,7 @@ class TrainConfig:
         checks = [
             ("steps", self.steps, self.steps >= 1, "an integer >= 1"),
             ("checkpoint_every", self.checkpoint_every, self.checkpoint_every >= 1, ">= 1"),
+            ("log_every", self.log_every, self.log_every >= 1, ">= 1"),
             (
                 "global_batch",
                 self.global_batch,

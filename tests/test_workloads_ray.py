@@ -1,0 +1,244 @@
+"""Workloads on a real local Ray cluster of simulated TPU hosts (one cluster for the module).
+
+The cluster: two v6e 2x4 training slices (2 hosts x 4 chips each), one v6e 2x2 serving host, and
+a v4 2x2x2 slice that lost its second host.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+
+from raytpu.catalog import SliceShape, shape
+from workloads.commands.common import post_json
+from workloads.local_cluster import LocalSliceCluster, free_port
+from workloads.reservation import SliceReservationError, reserve_slices
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
+
+V6E_2X4_4T = shape("v6e", "2x4", machine_type="ct6e-standard-4t")
+V6E_2X2 = shape("v6e", "2x2")
+V4_2X2X2 = shape("v4", "2x2x2")
+TOTAL_TPU = 2 * 8 + 4 + 4  # two 2x4 slices, the serving host, the one surviving v4 host
+
+
+@dataclass(frozen=True)
+class Slice:
+    name: str
+    shape: SliceShape
+    count: int
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    slices = [
+        Slice("train", V6E_2X4_4T, 2),
+        Slice("serve", V6E_2X2, 1),
+        Slice("broken", V4_2X2X2, 1),
+    ]
+    with LocalSliceCluster(slices, missing_hosts=[("broken-0", 1)]) as running:
+        yield running
+
+
+def wait_all_released(timeout_s: float = 30.0) -> dict:
+    """Until every placement group is REMOVED and all TPU is free again; fails after timeout."""
+    import ray
+    from ray.util import placement_group_table
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = {pg["state"] for pg in placement_group_table().values()}
+        available = ray.available_resources()
+        if states <= {"REMOVED"} and available.get("TPU", 0) == TOTAL_TPU:
+            return available
+        if time.monotonic() > deadline:
+            pytest.fail(f"still reserved after {timeout_s} s: {states}, TPU {available.get('TPU')}")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def released(cluster):
+    wait_all_released()
+    yield
+    wait_all_released()
+
+
+# ------------------------------------------------------------------------ reservation
+def test_two_slices_three_requests_third_fails_within_timeout(released):
+    import ray
+
+    @ray.remote(num_cpus=0, resources={"TPU": 4})
+    def where() -> tuple[str, str]:
+        import os
+
+        return os.environ["TPU_NAME"], os.environ["TPU_WORKER_ID"]
+
+    with (
+        reserve_slices(V6E_2X4_4T, timeout_s=20) as first,
+        reserve_slices(V6E_2X4_4T, timeout_s=20) as second,
+    ):
+        assert {first.slice_names, second.slice_names} == {("train-0",), ("train-1",)}
+        for reservation in (first, second):
+            assert sorted(h.worker_id for h in reservation.hosts) == [0, 1]
+            seen = ray.get(
+                [
+                    where.options(
+                        scheduling_strategy=reservation.scheduling_strategy(h.bundle_index)
+                    ).remote()
+                    for h in reservation.hosts
+                ],
+                timeout=60,
+            )
+            assert seen == [(h.slice_name, str(h.worker_id)) for h in reservation.hosts]
+        began = time.monotonic()
+        with (
+            pytest.raises(SliceReservationError) as caught,
+            reserve_slices(V6E_2X4_4T, timeout_s=4),
+        ):
+            pytest.fail("a third v6e 2x4 slice does not exist")
+        waited = time.monotonic() - began
+    assert waited < 4 + 10
+    message = str(caught.value)
+    assert "v6e 2x4 (2 hosts x 4 chips, pod type v6e-8)" in message
+    assert "after waiting" in message
+    assert "no free slice" in message
+
+
+def test_slice_missing_a_host_fails_clearly(released):
+    with pytest.raises(SliceReservationError) as caught, reserve_slices(V4_2X2X2, timeout_s=4):
+        pytest.fail("broken-0 has only one of its two hosts")
+    assert "v4 2x2x2 (2 hosts x 4 chips" in str(caught.value)
+    assert "slice broken-0 has 1 of 2 hosts" in caught.value.reason
+
+
+def test_release_on_error_inside_block_then_both_slices_at_once(released):
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), reserve_slices(V6E_2X4_4T, timeout_s=20):
+        raise Boom
+    wait_all_released()
+    with reserve_slices(V6E_2X4_4T, num_slices=2, timeout_s=20) as both:
+        assert sorted(both.slice_names) == ["train-0", "train-1"]
+        assert len(both.hosts) == 4
+
+
+# ------------------------------------------------------------------------ training
+def test_training_no_slice_can_hold_fails_in_bounded_time(released, tmp_path):
+    from workloads.train import TrainConfig, TrainingError, run_training
+
+    began = time.monotonic()
+    with pytest.raises(TrainingError) as caught:
+        run_training(
+            V6E_2X4_4T,
+            TrainConfig(checkpoint_dir=str(tmp_path / "ck"), steps=2, global_batch=8),
+            tpu_per_worker=8,  # Ray's own default for v6e 2x4: one 8-chip host
+            reserve_timeout_s=4,
+        )
+    assert time.monotonic() - began < 4 + 15
+    assert "each bundle asks TPU 8 but the largest host has TPU 4" in str(caught.value)
+
+
+@pytest.fixture(scope="module")
+def trained(cluster, tmp_path_factory):
+    from workloads.train import TrainConfig, run_training
+
+    workdir = tmp_path_factory.mktemp("train")
+    config = TrainConfig(
+        checkpoint_dir=str(workdir / "ck"),
+        steps=6,
+        global_batch=16,
+        checkpoint_every=3,
+        log_every=3,
+    )
+    result = run_training(V6E_2X4_4T, config, storage_path=str(workdir / "ray"))
+    return config, result
+
+
+def test_training_smoke_spmd_over_all_hosts_and_chips(trained):
+    _, result = trained
+    assert result.process_count == V6E_2X4_4T.hosts
+    assert result.device_count == V6E_2X4_4T.chips
+    assert result.local_device_count == V6E_2X4_4T.chips_per_host
+    assert result.steps_run == 6 and result.resumed_from == 0 and result.final_step == 6
+    assert len(result.losses) == 6
+    assert result.last_loss < result.first_loss - 0.5
+    assert result.latest_checkpoint == 6
+    assert result.slice_names in (("train-0",), ("train-1",))
+
+
+def test_checkpoint_restores_identical_parameters(trained):
+    from workloads.train import restore_params
+
+    config, result = trained
+    params, _, step = restore_params(config.checkpoint_dir)
+    from workloads.model import params_digest
+
+    assert step == 6
+    assert params_digest(params) == result.params_digest
+
+
+def test_training_resumes_from_latest_checkpoint(trained, released):
+    from dataclasses import replace
+
+    from workloads.train import run_training
+
+    config, first = trained
+    more = run_training(V6E_2X4_4T, replace(config, steps=8), storage_path=None)
+    assert (more.resumed_from, more.final_step, more.steps_run) == (6, 8, 2)
+    assert more.latest_checkpoint == 8
+    # Resuming continues the curve instead of starting over at ~ln(256).
+    assert more.first_loss < first.first_loss - 0.5
+
+
+# ------------------------------------------------------------------------ serving
+@pytest.fixture(scope="module")
+def serving(trained):
+    from workloads import serve as serving_module
+
+    config, _ = trained
+    handle = serving_module.deploy(
+        serving_module.build_app(config.checkpoint_dir, V6E_2X2), port=free_port(), timeout_s=180
+    )
+    try:
+        yield handle
+    finally:
+        serving_module.shutdown()
+
+
+def test_http_round_trip_on_the_serving_slice(serving):
+    prompts = ["The old teacher", "Where did", "In the morning", "A curious cat"]
+
+    def ask(prompt: str):
+        return post_json(serving.url, {"prompt": prompt, "max_new_tokens": 12, "temperature": 0})
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        replies = list(pool.map(ask, prompts))
+    for prompt, reply in zip(prompts, replies, strict=True):
+        assert reply.status == 200, reply.body
+        assert reply.body["prompt"] == prompt
+        assert 1 <= len(reply.body["completion"]) <= 12
+        assert reply.body["host"] == "serve-0"
+        assert reply.body["checkpoint_step"] >= 6
+        assert 1 <= reply.body["batch_size"] <= 4
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "fragment"),
+    [
+        (b"{nope", 400, "not valid JSON"),
+        (b'"just a string"', 400, "valid: an object"),
+        (b'{"prompt": ""}', 422, "empty prompt"),
+        (b'{"prompt": "' + b"a" * 1001 + b'"}', 413, "too long"),
+        (b'{"prompt": "hi", "max_new_tokens": -3}', 422, "max_new_tokens: -3"),
+        (b'{"prompt": "hi", "temperature": "hot"}', 422, "temperature: 'hot'"),
+    ],
+    ids=["bad-json", "not-object", "empty-prompt", "too-long", "bad-tokens", "bad-temperature"],
+)
+def test_bad_requests_get_4xx_over_http(serving, raw, status, fragment):
+    reply = post_json(serving.url, None, raw=raw, timeout_s=30)
+    assert reply.status == status
+    assert fragment in reply.body["error"]
