@@ -51,6 +51,8 @@ class DeclaredResource:
     """False for component resources."""
     dependencies: tuple[str, ...] = ()
     """URNs this resource waits for (``depends_on`` and inputs from other resources)."""
+    ignore_changes: tuple[str, ...] = ()
+    """Input properties Pulumi leaves alone after creation (``ResourceOptions.ignore_changes``)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ def _run(body: Callable[[], None], *, stack: str, config: Mapping[str, str]) -> 
                         parent=request.parent or None,
                         custom=bool(request.custom),
                         dependencies=tuple(request.dependencies),
+                        ignore_changes=tuple(request.ignoreChanges),
                     )
                 )
             return response

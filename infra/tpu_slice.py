@@ -100,14 +100,18 @@ class TpuSlice(pulumi.ComponentResource):
                     min_node_count=0 if cfg.scale_to_zero else shape.hosts,
                     max_node_count=shape.hosts,
                 ),
-                # The autoscaler moves node_count between 0 and hosts: not drift.
-                ignore_node_count_changes=cfg.scale_to_zero or None,
                 placement_policy=placement,
                 management=gcp.container.NodePoolManagementArgs(
                     auto_repair=True, auto_upgrade=True
                 ),
                 node_config=self._node_config(args, index),
-                opts=pulumi.ResourceOptions(parent=self),
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    # The autoscaler moves the node count between 0 and hosts: not drift.
+                    # (ResourceOptions, not NodePool.ignore_node_count_changes, which only
+                    # recent pulumi-gcp 10.x releases have.)
+                    ignore_changes=["nodeCount"] if cfg.scale_to_zero else None,
+                ),
             )
             self.node_pools.append(pool)
         self.node_pool_names = pulumi.Output.all(*(p.name for p in self.node_pools))
