@@ -1,107 +1,32 @@
 """``raytpu submit`` for real: a local Ray head, the same client code, the project's own code.
 
 The fixture starts ``ray start --head --block`` on free ports in its own process group and a
-temp dir, and ends that group (only it) in a finalizer. ``ray stop`` is never used: it would
-stop every Ray cluster on the machine.
+temp dir (``delivery_ray_nodes``), and ends that group (only it) on exit. ``ray stop`` is never
+used: it would stop every Ray cluster on the machine.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
+from delivery_ray_nodes import free_ports, local_ray
 
 from raytpu import cli, submit
 from raytpu.stack_outputs import parse_outputs
 
-REPO = Path(__file__).resolve().parents[1]
-RAY = Path(sys.executable).with_name("ray")
-HEAD_START_TIMEOUT_S = 90.0
 JOB_TIMEOUT_S = 240.0
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _stop_group(process: subprocess.Popen[bytes]) -> None:
-    """End the process group this test started: SIGTERM, then SIGKILL after 30 s."""
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
 def ray_head() -> Iterator[str]:
     """A local Ray head with the dashboard (Job Submission API); yields its address."""
-    gcs, dashboard, agent, client_port = _free_ports(4)
-    temp_dir = tempfile.mkdtemp(prefix="rtd", dir="/tmp")
-    log = Path(temp_dir) / "ray-start.log"
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "JAX_PLATFORMS": "cpu"}
-    env.pop("RAY_ADDRESS", None)
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                str(RAY),
-                "start",
-                "--head",
-                "--block",
-                f"--port={gcs}",
-                f"--dashboard-port={dashboard}",
-                "--dashboard-host=127.0.0.1",
-                f"--dashboard-agent-listen-port={agent}",
-                f"--ray-client-server-port={client_port}",
-                "--include-dashboard=true",
-                "--num-cpus=1",
-                f"--temp-dir={temp_dir}",
-                "--disable-usage-stats",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    address = f"http://127.0.0.1:{dashboard}"
-    try:
-        deadline = time.monotonic() + HEAD_START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"ray start exited {process.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if requests.get(f"{address}/api/version", timeout=2).status_code == 200:
-                    break
-            except requests.exceptions.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"Ray dashboard not up in {HEAD_START_TIMEOUT_S} s:\n{log.read_text()}")
-            time.sleep(0.5)
-        yield address
-    finally:
-        _stop_group(process)
+    with local_ray() as cluster:
+        yield cluster.address
 
 
 @pytest.fixture
@@ -212,7 +137,7 @@ def test_submit_reports_a_failing_job(ray_head: str, outputs_file: Path) -> None
 def test_unreachable_head_names_the_port_forward_command(
     outputs_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (port,) = _free_ports(1)
+    (port,) = free_ports(1)
     started = time.monotonic()
     code = cli.main(
         [

@@ -1,0 +1,183 @@
+"""Local Ray nodes for the delivery tests: a head with the dashboard (Job Submission API) and,
+optionally, simulated TPU hosts joined to it, each a ``ray start --block`` in its own process group.
+
+Only the process groups started here are ever signalled; ``ray stop`` is never used (it would
+stop every Ray cluster on the machine, other people's included). Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+RAY = Path(sys.executable).with_name("ray")
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 30.0
+
+
+class RayNodesError(RuntimeError):
+    """A local Ray node did not come up; carries the tail of its log."""
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on localhost right now (never Ray's default 6379)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@dataclass
+class LocalRay:
+    """A running local Ray cluster: its dashboard address and the processes started for it."""
+
+    address: str
+    """Dashboard / Job Submission API, ``http://127.0.0.1:PORT``."""
+    gcs_address: str
+    temp_dir: Path
+    processes: list[tuple[subprocess.Popen[bytes], Path]] = field(default_factory=list)
+
+    def add_host(
+        self,
+        *,
+        resources: Mapping[str, float],
+        labels: Mapping[str, str],
+        env: Mapping[str, str],
+        num_cpus: int = 1,
+    ) -> None:
+        """Join a worker node (a simulated TPU host) with these resources, labels and env."""
+        (agent,) = free_ports(1)
+        index = len(self.processes)
+        self.processes.append(
+            _start(
+                [
+                    "start",
+                    f"--address={self.gcs_address}",
+                    f"--num-cpus={num_cpus}",
+                    f"--resources={json.dumps(dict(resources))}",
+                    "--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()),
+                    f"--dashboard-agent-listen-port={agent}",
+                    "--object-store-memory=100000000",
+                ],
+                self.temp_dir / f"node-{index}.log",
+                env,
+            )
+        )
+
+    def wait_for_nodes(self, count: int, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Wait until ``count`` nodes are alive (state API of the dashboard)."""
+        deadline = time.monotonic() + timeout_s
+        alive = 0
+        while time.monotonic() < deadline:
+            self._check_running()
+            try:
+                reply = requests.get(f"{self.address}/api/v0/nodes", timeout=5).json()
+                nodes = reply["data"]["result"]["result"]
+                alive = sum(1 for n in nodes if n.get("state") == "ALIVE")
+                if alive >= count:
+                    return
+            except (requests.exceptions.RequestException, KeyError, ValueError):
+                pass
+            time.sleep(1)
+        raise RayNodesError(f"{alive} of {count} Ray nodes alive after {timeout_s:.0f} s")
+
+    def _check_running(self) -> None:
+        for process, log in self.processes:
+            if process.poll() is not None:
+                raise RayNodesError(
+                    f"ray {process.args[1:3]} exited {process.returncode}:\n"
+                    + log.read_text(errors="replace")[-3000:]
+                )
+
+    def stop(self) -> None:
+        """Stop every node started here: SIGTERM to all groups at once, SIGKILL after a bound."""
+        running = [p for p, _ in self.processes if p.poll() is None]
+        for process in running:
+            os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for process in running:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+
+
+def _start(
+    args: list[str], log: Path, extra_env: Mapping[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(extra_env or {})}
+    env.pop("RAY_ADDRESS", None)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [str(RAY), *args, "--block", "--disable-usage-stats"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    return process, log
+
+
+@contextmanager
+def local_ray(*, head_cpus: int = 1, timeout_s: float = START_TIMEOUT_S) -> Iterator[LocalRay]:
+    """A Ray head with the dashboard on free ports in a fresh temp dir; stopped on exit."""
+    gcs, dashboard, agent, client = free_ports(4)
+    temp_dir = Path(tempfile.mkdtemp(prefix="rtd", dir="/tmp"))  # short: Ray's socket paths
+    cluster = LocalRay(
+        address=f"http://127.0.0.1:{dashboard}",
+        gcs_address=f"127.0.0.1:{gcs}",
+        temp_dir=temp_dir,
+    )
+    try:
+        cluster.processes.append(
+            _start(
+                [
+                    "start",
+                    "--head",
+                    f"--port={gcs}",
+                    f"--dashboard-port={dashboard}",
+                    "--dashboard-host=127.0.0.1",
+                    f"--dashboard-agent-listen-port={agent}",
+                    f"--ray-client-server-port={client}",
+                    "--include-dashboard=true",
+                    f"--num-cpus={head_cpus}",
+                    f"--temp-dir={temp_dir}",
+                    "--object-store-memory=100000000",
+                ],
+                temp_dir / "head.log",
+                {"JAX_PLATFORMS": "cpu"},
+            )
+        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            cluster._check_running()
+            try:
+                if requests.get(f"{cluster.address}/api/version", timeout=2).status_code == 200:
+                    break
+            except requests.exceptions.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise RayNodesError(f"Ray dashboard not up at {cluster.address} in {timeout_s} s")
+            time.sleep(0.5)
+        yield cluster
+    finally:
+        cluster.stop()
