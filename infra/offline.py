@@ -9,6 +9,7 @@ one process: each run resets Pulumi's runtime settings and its root stack.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import runpy
@@ -29,6 +30,8 @@ __all__ = [
 ]
 
 PROJECT = "ray-tpu"
+TIMEOUT_S = 120.0
+"""Longest a mock run may take (a 100-slice stack takes seconds): a hang becomes an error."""
 MOCK_ENDPOINT = "203.0.113.10"
 MOCK_CA = base64.b64encode(
     b"-----BEGIN CERTIFICATE-----\nmock\n-----END CERTIFICATE-----\n"
@@ -123,8 +126,10 @@ def _run(body: Callable[[], None], *, stack: str, config: Mapping[str, str]) -> 
                 )
             return response
 
-    # A fresh runtime for every run: no root stack, no pending RPCs, only this run's config.
+    # A fresh runtime for every run: no root stack, no pending RPCs or outputs, only this run's
+    # config.
     settings.reset_options(project=PROJECT, stack=stack, preview=False)
+    _drop_pending_outputs(settings.SETTINGS)
     runtime_config.set_all_config(dict(config), [])
     mock_impl = Mocks()
     mocks.set_mocks(
@@ -135,18 +140,41 @@ def _run(body: Callable[[], None], *, stack: str, config: Mapping[str, str]) -> 
     secret: set[str] = set()
     error: BaseException | None = None
     try:
-        _sync_await(run_pulumi_func(body))
+        _sync_await(asyncio.wait_for(run_pulumi_func(body), TIMEOUT_S))
         for key, value in getattr(root, "outputs", {}).items():
             output = pulumi.Output.from_input(value)
-            outputs[key] = _sync_await(output.future())
+            outputs[key] = _sync_await(asyncio.wait_for(output.future(), TIMEOUT_S))
             if _sync_await(output.is_secret()):
                 secret.add(key)
+    except TimeoutError as late:
+        error = TimeoutError(
+            f"the Pulumi program did not finish under mocks within {TIMEOUT_S:.0f} s "
+            "(an Output that never resolves?)"
+        )
+        error.__cause__ = late
     except Exception as caught:  # handed back to the caller in ProgramRun.error
         error = caught
     finally:
         runtime_config.set_all_config({}, [])
+        _drop_pending_outputs(settings.SETTINGS)
         settings.reset_options(project=PROJECT, stack=stack)
     return ProgramRun(records, outputs, frozenset(secret), error)
+
+
+def _drop_pending_outputs(runtime_settings: Any) -> None:
+    """Cancel outputs a previous (failed or timed-out) run left behind; otherwise the next run
+    would wait for them."""
+    with runtime_settings.lock:
+        leftovers = list(runtime_settings.outputs)
+        runtime_settings.outputs.clear()
+    if not leftovers:
+        return
+    from pulumi.runtime.sync_await import _sync_await
+
+    for task in leftovers:
+        task.cancel()
+    # Let the loop deliver the cancellations (and settle what the tasks were waiting on).
+    _sync_await(asyncio.gather(*leftovers, return_exceptions=True))
 
 
 def run_program_detailed(config: StackConfig, *, stack: str = "dev") -> ProgramRun:

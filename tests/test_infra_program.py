@@ -501,3 +501,33 @@ def test_runs_repeat_in_one_process() -> None:
         (r.urn, json.dumps(r.props, sort_keys=True)) for r in second
     )
     assert first_outputs == second_outputs
+
+
+def test_a_program_that_never_finishes_is_a_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    import pulumi
+
+    from infra import offline
+
+    monkeypatch.setattr(offline, "TIMEOUT_S", 0.5)
+
+    from pulumi.runtime.sync_await import _sync_await
+
+    pending: list[asyncio.Future] = []
+
+    def never() -> None:
+        pending.append(asyncio.get_event_loop().create_future())
+        pulumi.export("never", pulumi.Output.from_input(pending[0]))
+
+    run = offline._run(never, stack="dev", config={})
+    # Settle the future we made, so no task outlives the test.
+    pending[0].cancel()
+    for _ in range(3):
+        _sync_await(asyncio.sleep(0))
+    assert isinstance(run.error, TimeoutError)
+    assert "did not finish under mocks within" in str(run.error)
+    # The runtime is reset (nothing left pending): the next run, with the usual limit, works.
+    monkeypatch.undo()
+    resources, _ = run_stack("dev")
+    assert resources
