@@ -66,10 +66,13 @@ class KubernetesAccessArgs:
     ca_certificate: pulumi.Input[str]
     wait_for: Sequence[pulumi.Resource] = field(default_factory=tuple)
     """Resources (the node pools) that must exist before anything uses the provider."""
+    namespaces: Sequence[str] = ()
+    """Namespaces to create for the Ray objects (``default`` exists already)."""
 
 
 class KubernetesAccess(pulumi.ComponentResource):
-    """Outputs: ``kubeconfig`` (secret YAML text) and ``provider`` (a ``kubernetes.Provider``)."""
+    """Outputs: ``kubeconfig`` (secret YAML text), ``provider`` (a ``kubernetes.Provider``) and
+    ``namespaces`` (name -> ``Namespace``, for the Ray objects)."""
 
     def __init__(
         self, name: str, args: KubernetesAccessArgs, opts: pulumi.ResourceOptions | None = None
@@ -84,4 +87,13 @@ class KubernetesAccess(pulumi.ComponentResource):
             kubeconfig=self.kubeconfig,
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.wait_for)),
         )
+        self.namespaces = {
+            namespace: k8s.core.v1.Namespace(
+                f"ns-{namespace}",
+                metadata={"name": namespace, "labels": {"app.kubernetes.io/part-of": "ray-tpu"}},
+                opts=pulumi.ResourceOptions(parent=self, provider=self.provider),
+            )
+            for namespace in dict.fromkeys(args.namespaces)
+            if namespace != "default"
+        }
         self.register_outputs({"kubeconfig": self.kubeconfig})

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import pulumi
-import pulumi_kubernetes as k8s
 
 from infra import kuberay
 from infra.cloud_nat import CloudNat, CloudNatArgs
@@ -92,17 +91,10 @@ def declare(config: StackConfig) -> None:
             ca_certificate=gke.ca_certificate,
             # Pods need nodes (and, on private nodes, NAT to pull images) before they start.
             wait_for=[cpu, *slices, *([nat] if nat is not None else [])],
+            namespaces=config.namespaces,
         ),
     )
-    namespaces = {
-        ns: k8s.core.v1.Namespace(
-            f"ns-{ns}",
-            metadata={"name": ns, "labels": {"app.kubernetes.io/part-of": "ray-tpu"}},
-            opts=pulumi.ResourceOptions(provider=access.provider),
-        )
-        for ns in config.namespaces
-        if ns != "default"
-    }
+    namespaces = access.namespaces
 
     def needs(namespace: str) -> list[pulumi.Resource]:
         return [namespaces[namespace]] if namespace in namespaces else []

@@ -22,6 +22,7 @@ POLICY = "gcp:compute/resourcePolicy:ResourcePolicy"
 PROVIDER = "pulumi:providers:kubernetes"
 RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
 RAY_SERVICE = "kubernetes:ray.io/v1:RayService"
+NAMESPACE = "kubernetes:core/v1:Namespace"
 IMAGE = "rayproject/ray:2.60.0-py311"
 
 
@@ -412,17 +413,26 @@ def test_provider_waits_for_every_node_pool(runs: dict[str, ProgramRun], stack: 
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"], ids=["dev", "prod"])
-def test_every_cloud_resource_has_a_component_parent(
+def test_every_resource_has_a_component_parent(runs: dict[str, ProgramRun], stack: str) -> None:
+    """``__main__`` only wires components: every cloud and Kubernetes resource is a child."""
+    resources = runs[stack].resources
+    components = {r.urn for r in resources if not r.custom}
+    custom = [r for r in resources if r.custom]
+    assert {r.type for r in custom} >= {CLUSTER, NODE_POOL, PROVIDER, RAY_CLUSTER, NAMESPACE}
+    for resource in custom:
+        assert resource.parent in components, resource.urn
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"], ids=["dev", "prod"])
+def test_ray_namespace_is_created_by_the_cluster_provider(
     runs: dict[str, ProgramRun], stack: str
 ) -> None:
-    components = {r.urn for r in runs[stack].resources if not r.custom}
-    for resource in runs[stack].resources:
-        if resource.type.startswith("gcp:") or resource.type in (
-            PROVIDER,
-            RAY_CLUSTER,
-            RAY_SERVICE,
-        ):
-            assert resource.parent in components, resource.urn
+    (namespace,) = runs[stack].of_type(NAMESPACE)
+    assert namespace.props["metadata"]["name"] == "ray"
+    assert "ray-tpu:infra:KubernetesAccess" in namespace.urn
+    for kind in (RAY_CLUSTER, RAY_SERVICE):
+        for resource in runs[stack].of_type(kind):
+            assert namespace.urn in resource.dependencies
 
 
 def test_dev_stack_outputs(runs: dict[str, ProgramRun]) -> None:
