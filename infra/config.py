@@ -52,7 +52,9 @@ MIN_RAY_VERSION = (2, 55, 0)
 """Ray's slice placement (``ray.util.tpu.slice_placement_group``) needs 2.55 or later."""
 MIN_GKE_VERSION = "1.30.0-gke.1747000"
 """The Ray Operator add-on needs this GKE version or later."""
-DEFAULT_GKE_VERSION = "1.32"
+FLEX_START_TPU_GKE_VERSION = "1.33.0-gke.1712000"
+"""Flex-start TPU node pools need this GKE version or later."""
+DEFAULT_GKE_VERSION = "1.33"
 DEFAULT_RAY_IMAGE = "rayproject/ray:{version}-py311"
 MAX_SLICE_COUNT = 64
 
@@ -356,9 +358,9 @@ def _parse_gke_version(text: str) -> tuple[int, int, int, int] | None:
     )
 
 
-def _gke_version_ok(text: str) -> bool:
+def _gke_version_ok(text: str, minimum_text: str = MIN_GKE_VERSION) -> bool:
     parsed = _parse_gke_version(text)
-    minimum = _parse_gke_version(MIN_GKE_VERSION)
+    minimum = _parse_gke_version(minimum_text)
     return parsed is not None and minimum is not None and parsed >= minimum
 
 
@@ -1061,6 +1063,19 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
                 + ", ".join(o.name for o in users)
                 + f" add up to {wanted} slices",
             )
+
+    flex = [s.name for s in slices if s.provisioning == "flex-start"]
+    too_old = cluster is not None and not _gke_version_ok(
+        cluster.min_master_version, FLEX_START_TPU_GKE_VERSION
+    )
+    if flex and too_old:
+        assert cluster is not None
+        problems.bad(
+            f"{NAMESPACE}:cluster.minMasterVersion",
+            cluster.min_master_version,
+            f"a GKE version >= {FLEX_START_TPU_GKE_VERSION}",
+            f"flex-start TPU slices: {', '.join(flex)}",
+        )
 
     if problems.errors:
         raise ConfigError(problems.errors)

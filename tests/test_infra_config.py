@@ -313,6 +313,13 @@ BAD_VALUES = [
         "'yes'",
         "true or false",
     ),
+    (
+        "flex-start-needs-gke-1.33",
+        _both(_set((S, 1, "provisioning"), "flex-start"), _set((C, "minMasterVersion"), "1.32")),
+        f"{C}.minMasterVersion",
+        "'1.32'",
+        "1.33.0-gke.1712000",
+    ),
     ("cloud-nat-bool", _set((C, "cloudNat"), "no"), f"{C}.cloudNat", "'no'", "true or false"),
     (
         "master-cidr",

@@ -71,7 +71,7 @@ def test_gke_cluster(runs: dict[str, ProgramRun], stack: str) -> None:
     assert props["releaseChannel"] == {"channel": channel}
     assert props["deletionProtection"] is protection
     assert props["workloadIdentityConfig"] == {"workloadPool": f"ray-tpu-{stack}.svc.id.goog"}
-    assert props["minMasterVersion"] == "1.32"
+    assert props["minMasterVersion"] == "1.33"
     assert "enableTpu" not in props  # the legacy TPU integration
     if private:
         assert props["privateClusterConfig"]["enablePrivateNodes"] is True
