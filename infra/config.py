@@ -285,7 +285,7 @@ _MISSING = object()
 
 
 class _Section:
-    """One mapping of the config, known keys only; remembers which keys were read."""
+    """One mapping of the config at ``path``: unknown keys are reported, values read by key."""
 
     def __init__(self, problems: _Problems, path: str, raw: Any, keys: Iterable[str]) -> None:
         self.problems = problems
@@ -982,7 +982,15 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
         if isinstance(item, Mapping) and isinstance(item.get("name"), str)
     }
 
-    slice_zones = tuple(dict.fromkeys(s.zone for s in slices))
+    # The CPU pool defaults to the slices' zones; take them from the raw entries so that one
+    # invalid slice does not add a second, derived error here.
+    slice_zones = tuple(
+        dict.fromkeys(
+            item["zone"]
+            for item in raw_slices
+            if isinstance(item, Mapping) and region and _zone_region(item.get("zone")) == region
+        )
+    )
     cluster = _parse_cluster(problems, raw.get(f"{NAMESPACE}:cluster"), region, slice_zones)
     if cluster is not None:
         taken = {cluster.cpu_pool.name}
