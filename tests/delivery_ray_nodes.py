@@ -64,7 +64,6 @@ class LocalRay:
         num_cpus: int = 1,
     ) -> None:
         """Join a worker node (a simulated TPU host) with these resources, labels and env."""
-        (agent,) = free_ports(1)
         index = len(self.processes)
         self.processes.append(
             _start(
@@ -74,7 +73,7 @@ class LocalRay:
                     f"--num-cpus={num_cpus}",
                     f"--resources={json.dumps(dict(resources))}",
                     "--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()),
-                    f"--dashboard-agent-listen-port={agent}",
+                    *_agent_port_args(),
                     "--object-store-memory=100000000",
                 ],
                 self.temp_dir / f"node-{index}.log",
@@ -121,10 +120,25 @@ class LocalRay:
                 process.wait(timeout=10)
 
 
+def _agent_port_args() -> list[str]:
+    """Fixed ports for a node's agents. With port 0 the raylet waits for each agent to write the
+    port it chose to a file, and aborts when that takes long (seen on this busy shared machine:
+    "Timed out waiting for file .../metrics_agent_port_<node id>")."""
+    listen, grpc, metrics, runtime_env = free_ports(4)
+    return [
+        f"--dashboard-agent-listen-port={listen}",
+        f"--dashboard-agent-grpc-port={grpc}",
+        f"--metrics-export-port={metrics}",
+        f"--runtime-env-agent-port={runtime_env}",
+    ]
+
+
 def _start(
     args: list[str], log: Path, extra_env: Mapping[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(extra_env or {})}
+    # Jobs run `python ...`: as in the Ray image, the Python that runs Ray comes first on PATH.
+    path = f"{RAY.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "PATH": path, "RAY_USAGE_STATS_ENABLED": "0", **(extra_env or {})}
     env.pop("RAY_ADDRESS", None)
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -140,7 +154,7 @@ def _start(
 @contextmanager
 def local_ray(*, head_cpus: int = 1, timeout_s: float = START_TIMEOUT_S) -> Iterator[LocalRay]:
     """A Ray head with the dashboard on free ports in a fresh temp dir; stopped on exit."""
-    gcs, dashboard, agent, client = free_ports(4)
+    gcs, dashboard, client = free_ports(3)
     temp_dir = Path(tempfile.mkdtemp(prefix="rtd", dir="/tmp"))  # short: Ray's socket paths
     cluster = LocalRay(
         address=f"http://127.0.0.1:{dashboard}",
@@ -156,7 +170,7 @@ def local_ray(*, head_cpus: int = 1, timeout_s: float = START_TIMEOUT_S) -> Iter
                     f"--port={gcs}",
                     f"--dashboard-port={dashboard}",
                     "--dashboard-host=127.0.0.1",
-                    f"--dashboard-agent-listen-port={agent}",
+                    *_agent_port_args(),
                     f"--ray-client-server-port={client}",
                     "--include-dashboard=true",
                     f"--num-cpus={head_cpus}",
