@@ -99,6 +99,8 @@ class RayHead:
     head_service: str
     dashboard_port: int = DEFAULT_DASHBOARD_PORT
     serve_service: str | None = None
+    replicas: int | None = None
+    """Slices its TPU worker group holds (optional output; else the slice's ``count``)."""
 
     def port_forward_command(self, local_port: int = DEFAULT_DASHBOARD_PORT) -> str:
         """The command that makes the head's Job Submission API reachable on localhost."""
@@ -230,6 +232,7 @@ def _parse_head(kind: str, name: str, raw: Any, path: str, slices: Mapping[str, 
         head_service=head_service,
         dashboard_port=_int(raw, "dashboardPort", path, default=DEFAULT_DASHBOARD_PORT),
         serve_service=serve_service,
+        replicas=_int(raw, "replicas", path) if "replicas" in raw else None,
     )
 
 

@@ -293,7 +293,8 @@ def runtime_env(working_dir: Path, *, pip: bool, env_vars: Mapping[str, str]) ->
 def train_entrypoint(outputs: StackOutputs, head: RayHead, extra: Sequence[str]) -> str:
     """``python -m workloads.train`` sized to the cluster's slice (the catalog record)."""
     slice_out = outputs.slice(head.slice)
-    return shlex.join(entrypoints.train_command(slice_out.shape, slice_out.count, extra))
+    num_slices = head.replicas if head.replicas is not None else slice_out.count
+    return shlex.join(entrypoints.train_command(slice_out.shape, num_slices, extra))
 
 
 def build_request(

@@ -306,6 +306,17 @@ def test_train_entrypoint_is_sized_from_the_catalog(good: dict[str, Any], tmp_pa
     assert "pip" not in request.runtime_env
 
 
+def test_train_uses_the_cluster_replicas_when_the_stack_exports_them(
+    good: dict[str, Any], tmp_path: Path
+) -> None:
+    good["rayClusters"]["train"]["replicas"] = 1.0  # one of the two train-a slices
+    outputs = parse_outputs(good, "prod")
+    head = outputs.ray_cluster("train")
+    request = submit.build_request(["train"], outputs, head, tmp_path)
+    assert head.replicas == 1
+    assert "--num-slices 1" in request.entrypoint
+
+
 def test_pip_runtime_env_pins_jax_tpu_and_leaves_out_ray_and_pulumi() -> None:
     packages = submit.worker_requirements()
     assert any(p.startswith("jax[tpu]") for p in packages)
