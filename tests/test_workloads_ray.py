@@ -142,56 +142,77 @@ def test_training_no_slice_can_hold_fails_in_bounded_time(released, tmp_path):
     assert "each bundle asks TPU 8 but the largest host has TPU 4" in str(caught.value)
 
 
+PRE_STEPS = 3
+
+
 @pytest.fixture(scope="module")
 def trained(cluster, tmp_path_factory):
-    from workloads.train import TrainConfig, run_training
+    """Three steps here (one process, one device), then JaxTrainer resumes to step 8 on the slice.
+
+    One Ray Train run covers the smoke test and resume: the checkpoint it resumes from was
+    written by a different process/device layout, which Orbax must reshard onto the mesh.
+    """
+    from functools import partial
+
+    import jax
+
+    from workloads import model as m
+    from workloads.corpus import load_corpus
+    from workloads.train import TrainConfig, open_checkpoints, run_training, save_state
 
     workdir = tmp_path_factory.mktemp("train")
     config = TrainConfig(
         checkpoint_dir=str(workdir / "ck"),
-        steps=6,
+        steps=8,
         global_batch=16,
-        checkpoint_every=3,
-        log_every=3,
+        checkpoint_every=4,
+        log_every=4,
     )
+    cfg = m.ModelConfig.from_dict(config.model)
+    corpus = m.encode(load_corpus())
+    state = m.init_state(cfg, jax.random.PRNGKey(config.seed))
+    step = jax.jit(partial(m.train_step, cfg))
+    pre_losses = []
+    for index in range(PRE_STEPS):
+        batch = m.sample_batch(corpus, config.global_batch, cfg.seq_len, seed=index)
+        state, loss = step(state, batch)
+        pre_losses.append(float(loss))
+    manager = open_checkpoints(config.checkpoint_dir, config.checkpoint_every)
+    try:
+        save_state(manager, PRE_STEPS, state, cfg)
+        manager.wait_until_finished()
+    finally:
+        manager.close()
     result = run_training(V6E_2X4_4T, config, storage_path=str(workdir / "ray"))
-    return config, result
+    return config, pre_losses, result
 
 
 def test_training_smoke_spmd_over_all_hosts_and_chips(trained):
-    _, result = trained
+    _, _, result = trained
     assert result.process_count == V6E_2X4_4T.hosts
     assert result.device_count == V6E_2X4_4T.chips
     assert result.local_device_count == V6E_2X4_4T.chips_per_host
-    assert result.steps_run == 6 and result.resumed_from == 0 and result.final_step == 6
-    assert len(result.losses) == 6
+    assert len(result.losses) == result.steps_run == 8 - PRE_STEPS
     assert result.last_loss < result.first_loss - 0.5
-    assert result.latest_checkpoint == 6
+    assert result.latest_checkpoint == 8
     assert result.slice_names in (("train-0",), ("train-1",))
 
 
+def test_training_resumed_from_latest_checkpoint(trained):
+    _, pre_losses, result = trained
+    assert (result.resumed_from, result.final_step) == (PRE_STEPS, 8)
+    # The curve continues where the checkpoint left it instead of starting over at ~ln(256).
+    assert result.first_loss < pre_losses[0] - 0.3
+
+
 def test_checkpoint_restores_identical_parameters(trained):
+    from workloads.model import params_digest
     from workloads.train import restore_params
 
-    config, result = trained
+    config, _, result = trained
     params, _, step = restore_params(config.checkpoint_dir)
-    from workloads.model import params_digest
-
-    assert step == 6
+    assert step == 8
     assert params_digest(params) == result.params_digest
-
-
-def test_training_resumes_from_latest_checkpoint(trained, released):
-    from dataclasses import replace
-
-    from workloads.train import run_training
-
-    config, first = trained
-    more = run_training(V6E_2X4_4T, replace(config, steps=8), storage_path=None)
-    assert (more.resumed_from, more.final_step, more.steps_run) == (6, 8, 2)
-    assert more.latest_checkpoint == 8
-    # Resuming continues the curve instead of starting over at ~ln(256).
-    assert more.first_loss < first.first_loss - 0.5
 
 
 # ------------------------------------------------------------------------ serving
@@ -199,7 +220,7 @@ def test_training_resumes_from_latest_checkpoint(trained, released):
 def serving(trained):
     from workloads import serve as serving_module
 
-    config, _ = trained
+    config, _, _ = trained
     handle = serving_module.deploy(
         serving_module.build_app(config.checkpoint_dir, V6E_2X2), port=free_port(), timeout_s=180
     )
@@ -222,7 +243,7 @@ def test_http_round_trip_on_the_serving_slice(serving):
         assert reply.body["prompt"] == prompt
         assert 1 <= len(reply.body["completion"]) <= 12
         assert reply.body["host"] == "serve-0"
-        assert reply.body["checkpoint_step"] >= 6
+        assert reply.body["checkpoint_step"] == 8
         assert 1 <= reply.body["batch_size"] <= 4
 
 
