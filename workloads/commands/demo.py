@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     except (TrainingError, TimeoutError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted: everything this command started was stopped", file=sys.stderr)
+        return 130
     latencies = sorted(r.seconds * 1000 for _, r in replies)
     rows = [
         ("stack", args.stack),

@@ -78,4 +78,7 @@ def run(args: argparse.Namespace) -> int:
     except (TimeoutError, RuntimeError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted: everything this command started was stopped", file=sys.stderr)
+        return 130
     return 0

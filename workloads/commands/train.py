@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     except TrainingError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted: everything this command started was stopped", file=sys.stderr)
+        return 130
     print(
         f"trained {chosen.shape.name} x {args.num_slices}: steps {result.resumed_from}->"
         f"{result.final_step}, loss {result.first_loss:.3f} -> {result.last_loss:.3f}, "
