@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from bench import _common
 
 DEFAULT_SIZES = (256, 512, 1024, 2048)
+MAX_SPREAD_FLOPS = 20e9
+"""Largest call (all devices together) the all-devices layout times."""
 
 
 def measure_size(size: int, *, repeats: int, min_seconds: float, spread: bool = False) -> dict:
@@ -82,6 +84,9 @@ def measure(
     per_size = []
     for spread in layouts:
         for size in sizes:
+            devices = jax.device_count() if spread else 1
+            if spread and devices * 2.0 * size**3 > MAX_SPREAD_FLOPS and size != min(sizes):
+                continue  # one call would take many seconds on a few cores
             if report:
                 where = f"{jax.device_count()} devices" if spread else "1 device"
                 _common.progress(f"matmul {size}x{size} float32 on {where}, {repeats} repeats")
