@@ -35,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", default="dev", help="Pulumi stack (default dev)")
     parser.add_argument("--train-slice", help="default: the slice of the stack's first RayCluster")
     parser.add_argument("--serve-slice", help="default: the slice of the stack's first RayService")
-    parser.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
-    parser.add_argument("--checkpoint-every", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=80, help="training steps (default 80)")
+    parser.add_argument("--checkpoint-every", type=int, default=40)
     parser.add_argument("--workdir", help="checkpoints and Ray Train results (default: a temp dir)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
 
