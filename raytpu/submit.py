@@ -305,16 +305,18 @@ def build_request(
     *,
     pip: bool = False,
     env: Mapping[str, str] | None = None,
+    raw: bool = False,
 ) -> JobRequest:
     """Turn ``train ...`` / ``serve ...`` / ``COMMAND ...`` into a job request.
 
-    ``env`` (``--env``) is added to the job's environment variables and wins over ours.
+    ``raw`` (the command came after ``--``): run ``job`` as is, even if it starts with ``train``
+    or ``serve``. ``env`` (``--env``) is added to the job's environment variables and wins.
     """
     if not job:
         raise SubmitError(
             "job: is required; valid: train [ARGS], serve [ARGS], or -- COMMAND [ARGS]"
         )
-    workload, *extra = job
+    workload, *extra = ("command", *job) if raw else job
     if workload == "train":
         entrypoint = train_entrypoint(outputs, head, extra)
     elif workload == "serve":
@@ -462,7 +464,8 @@ def parse_env(pairs: Sequence[str]) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     job = list(args.job)
-    if job and job[0] == "--":
+    raw = bool(job) and job[0] == "--"
+    if raw:
         job = job[1:]
     if not job:
         print(
@@ -475,7 +478,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    workload = job[0]
+    workload = "command" if raw else job[0]
     try:
         outputs = _load_outputs(args)
         service = serving_service(outputs, workload, args.cluster, args.slice_name)
@@ -488,7 +491,7 @@ def run(args: argparse.Namespace) -> int:
         ray_version = check_head(args.address, head)
         with tempfile.TemporaryDirectory(prefix="raytpu-job-") as tmp:
             working_dir = stage_working_dir(Path(tmp))
-            request = build_request(job, outputs, head, working_dir, pip=args.pip, env=env)
+            request = build_request(job, outputs, head, working_dir, pip=args.pip, env=env, raw=raw)
             print(
                 f"submitting {request.workload} to {head.kind} {head.name!r} "
                 f"(slice {head.slice!r}, Ray {ray_version}) at {args.address}:\n"

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +25,7 @@ import requests
 RAY = Path(sys.executable).with_name("ray")
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
+ATTEMPTS = 3
 
 
 class RayNodesError(RuntimeError):
@@ -62,11 +63,16 @@ class LocalRay:
         labels: Mapping[str, str],
         env: Mapping[str, str],
         num_cpus: int = 1,
+        timeout_s: float = START_TIMEOUT_S,
     ) -> None:
-        """Join a worker node (a simulated TPU host) with these resources, labels and env."""
-        index = len(self.processes)
-        self.processes.append(
-            _start(
+        """Join a worker node (a simulated TPU host) and wait until it is alive.
+
+        A node that dies while starting (a port taken meanwhile, a slow agent) is started again
+        on new ports, at most :data:`ATTEMPTS` times.
+        """
+        wanted = self.alive_nodes() + 1
+        for attempt in range(1, ATTEMPTS + 1):
+            process, log = _start(
                 [
                     "start",
                     f"--address={self.gcs_address}",
@@ -76,54 +82,65 @@ class LocalRay:
                     *_agent_port_args(),
                     "--object-store-memory=100000000",
                 ],
-                self.temp_dir / f"node-{index}.log",
+                self.temp_dir / f"node-{len(self.processes)}-{attempt}.log",
                 env,
             )
-        )
-
-    def wait_for_nodes(self, count: int, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Wait until ``count`` nodes are alive (state API of the dashboard)."""
-        deadline = time.monotonic() + timeout_s
-        alive = 0
-        while time.monotonic() < deadline:
-            self._check_running()
+            self.processes.append((process, log))
             try:
-                reply = requests.get(f"{self.address}/api/v0/nodes", timeout=5).json()
-                nodes = reply["data"]["result"]["result"]
-                alive = sum(1 for n in nodes if n.get("state") == "ALIVE")
-                if alive >= count:
-                    return
-            except (requests.exceptions.RequestException, KeyError, ValueError):
-                pass
-            time.sleep(1)
-        raise RayNodesError(f"{alive} of {count} Ray nodes alive after {timeout_s:.0f} s")
+                self._wait(lambda: self.alive_nodes() >= wanted, timeout_s, "node alive")
+                return
+            except RayNodesError:
+                _stop([process])
+                self.processes.remove((process, log))
+                if attempt == ATTEMPTS:
+                    raise
 
-    def _check_running(self) -> None:
-        for process, log in self.processes:
-            if process.poll() is not None:
-                raise RayNodesError(
-                    f"ray {process.args[1:3]} exited {process.returncode}:\n"
-                    + log.read_text(errors="replace")[-3000:]
-                )
+    def alive_nodes(self) -> int:
+        """Nodes the dashboard's state API reports ALIVE (0 while it does not answer)."""
+        try:
+            reply = requests.get(f"{self.address}/api/v0/nodes", timeout=5).json()
+            nodes = reply["data"]["result"]["result"]
+        except (requests.exceptions.RequestException, KeyError, TypeError, ValueError):
+            return 0
+        return sum(1 for n in nodes if n.get("state") == "ALIVE")
+
+    def _wait(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            for process, log in self.processes:
+                if process.poll() is not None:
+                    raise RayNodesError(
+                        f"ray {process.args[1:3]} exited {process.returncode}:\n"
+                        + log.read_text(errors="replace")[-3000:]
+                    )
+            if time.monotonic() > deadline:
+                raise RayNodesError(f"{what}: not ready after {timeout_s:.0f} s ({self.address})")
+            time.sleep(0.5)
 
     def stop(self) -> None:
-        """Stop every node started here: SIGTERM to all groups at once, SIGKILL after a bound."""
-        running = [p for p, _ in self.processes if p.poll() is None]
-        for process in running:
-            os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for process in running:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        """Stop every node started here."""
+        _stop([p for p, _ in self.processes])
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM the process groups started here, all at once; SIGKILL them after a bound."""
+    running = [p for p in processes if p.poll() is None]
+    for process in running:
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for process in running:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
 
 
 def _agent_port_args() -> list[str]:
     """Fixed ports for a node's agents. With port 0 the raylet waits for each agent to write the
     port it chose to a file, and aborts when that takes long (seen on this busy shared machine:
-    "Timed out waiting for file .../metrics_agent_port_<node id>")."""
+    "Timed out waiting for file .../metrics_agent_port_<node id>"). A fixed port can be taken
+    before Ray binds it: the callers start the node again on new ports."""
     listen, grpc, metrics, runtime_env = free_ports(4)
     return [
         f"--dashboard-agent-listen-port={listen}",
@@ -151,9 +168,7 @@ def _start(
     return process, log
 
 
-@contextmanager
-def local_ray(*, head_cpus: int = 1, timeout_s: float = START_TIMEOUT_S) -> Iterator[LocalRay]:
-    """A Ray head with the dashboard on free ports in a fresh temp dir; stopped on exit."""
+def _start_head(head_cpus: int, timeout_s: float) -> LocalRay:
     gcs, dashboard, client = free_ports(3)
     temp_dir = Path(tempfile.mkdtemp(prefix="rtd", dir="/tmp"))  # short: Ray's socket paths
     cluster = LocalRay(
@@ -161,37 +176,47 @@ def local_ray(*, head_cpus: int = 1, timeout_s: float = START_TIMEOUT_S) -> Iter
         gcs_address=f"127.0.0.1:{gcs}",
         temp_dir=temp_dir,
     )
-    try:
-        cluster.processes.append(
-            _start(
-                [
-                    "start",
-                    "--head",
-                    f"--port={gcs}",
-                    f"--dashboard-port={dashboard}",
-                    "--dashboard-host=127.0.0.1",
-                    *_agent_port_args(),
-                    f"--ray-client-server-port={client}",
-                    "--include-dashboard=true",
-                    f"--num-cpus={head_cpus}",
-                    f"--temp-dir={temp_dir}",
-                    "--object-store-memory=100000000",
-                ],
-                temp_dir / "head.log",
-                {"JAX_PLATFORMS": "cpu"},
-            )
+    cluster.processes.append(
+        _start(
+            [
+                "start",
+                "--head",
+                f"--port={gcs}",
+                f"--dashboard-port={dashboard}",
+                "--dashboard-host=127.0.0.1",
+                *_agent_port_args(),
+                f"--ray-client-server-port={client}",
+                "--include-dashboard=true",
+                f"--num-cpus={head_cpus}",
+                f"--temp-dir={temp_dir}",
+                "--object-store-memory=100000000",
+            ],
+            temp_dir / "head.log",
+            {"JAX_PLATFORMS": "cpu"},
         )
-        deadline = time.monotonic() + timeout_s
-        while True:
-            cluster._check_running()
-            try:
-                if requests.get(f"{cluster.address}/api/version", timeout=2).status_code == 200:
-                    break
-            except requests.exceptions.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise RayNodesError(f"Ray dashboard not up at {cluster.address} in {timeout_s} s")
-            time.sleep(0.5)
+    )
+    try:
+        cluster._wait(lambda: cluster.alive_nodes() >= 1, timeout_s, "Ray head and dashboard")
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+@contextmanager
+def local_ray(*, head_cpus: int = 1, timeout_s: float = START_TIMEOUT_S) -> Iterator[LocalRay]:
+    """A Ray head with the dashboard on free ports in a fresh temp dir; stopped on exit.
+
+    A head that dies while starting is started again on new ports, at most :data:`ATTEMPTS`
+    times."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            cluster = _start_head(head_cpus, timeout_s)
+            break
+        except RayNodesError:
+            if attempt == ATTEMPTS:
+                raise
+    try:
         yield cluster
     finally:
         cluster.stop()

@@ -364,3 +364,27 @@ def test_env_and_serve_variables(good: dict[str, Any], tmp_path: Path) -> None:
     assert env["RAYTPU_SERVE_TPU_PER_REPLICA"] == "4"
     assert env["RAYTPU_CHECKPOINT_DIR"] == "gs://b/ckpt"
     assert env["RAYTPU_SLICE"] == "override"
+
+
+@pytest.mark.parametrize(
+    ("job", "raw", "workload", "entrypoint"),
+    [
+        (["train", "--steps", "3"], False, "train", "python -m workloads.train --generation v6e"),
+        (["serve"], False, "serve", "serve run --non-blocking workloads.serve:app"),
+        (
+            ["serve", "start", "--http-port", "8001"],
+            True,
+            "command",
+            "serve start --http-port 8001",
+        ),
+        (["train.sh", "a b"], False, "command", "train.sh 'a b'"),
+    ],
+    ids=["train", "serve", "after-dashdash-is-a-command", "other-command-quoted"],
+)
+def test_job_words_become_the_entrypoint(
+    good: dict[str, Any], tmp_path: Path, job: list[str], raw: bool, workload: str, entrypoint: str
+) -> None:
+    outputs = parse_outputs(good, "prod")
+    request = submit.build_request(job, outputs, outputs.ray_cluster("train"), tmp_path, raw=raw)
+    assert request.workload == workload
+    assert request.entrypoint.startswith(entrypoint)

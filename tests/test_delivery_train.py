@@ -8,12 +8,16 @@ Slow (a Ray head, two hosts and a JaxTrainer run): marked ``ray``.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from delivery_ray_nodes import LocalRay, local_ray
+import requests
+from delivery_ray_nodes import LocalRay, free_ports, local_ray
 
 from raytpu import catalog, cli
 from workloads.local_cluster import host_specs
@@ -34,14 +38,13 @@ def slice_cluster() -> Iterator[LocalRay]:
     with local_ray() as cluster:
         # One host at a time: Ray gives a joining node 30 s to register, and this machine is
         # shared; two raylets starting together on 2 busy cores can miss that.
-        for count, host in enumerate(host_specs([_Slice("train", SHAPE, 1)]), start=2):
+        for host in host_specs([_Slice("train", SHAPE, 1)]):
             cluster.add_host(resources=host.resources, labels=host.labels, env=host.env)
-            cluster.wait_for_nodes(count)
         yield cluster
 
 
-@pytest.fixture
-def dev_outputs(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def dev_outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The outputs `pulumi up` of the dev stack exports for its train slice and RayCluster."""
     record = SHAPE.to_dict()
     outputs = {
@@ -58,45 +61,103 @@ def dev_outputs(tmp_path: Path) -> Path:
             "train": {"namespace": "ray", "slice": "train", "headService": "train-head-svc"}
         },
     }
-    path = tmp_path / "dev-outputs.json"
+    path = tmp_path_factory.mktemp("outputs") / "dev-outputs.json"
     path.write_text(json.dumps(outputs))
     return path
+
+
+@dataclass(frozen=True)
+class CliRun:
+    code: int
+    out: str
+    err: str
+
+
+def _raytpu(*argv: str) -> CliRun:
+    """``raytpu ARGV`` in this process, its stdout and stderr captured."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(argv))
+    return CliRun(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("train") / "checkpoints"
+
+
+@pytest.fixture(scope="module")
+def trained(slice_cluster: LocalRay, dev_outputs: Path, checkpoints: Path) -> CliRun:
+    """One ``raytpu submit train`` run on the simulated slice (shared by the tests below)."""
+    return _raytpu(
+        "submit",
+        "--stack",
+        "dev",
+        "--outputs",
+        str(dev_outputs),
+        "--address",
+        slice_cluster.address,
+        "--timeout",
+        str(JOB_TIMEOUT_S),
+        "train",
+        "--steps",
+        "4",
+        "--global-batch",
+        "8",
+        "--checkpoint-every",
+        "2",
+        "--checkpoint-dir",
+        str(checkpoints),
+    )
 
 
 @pytest.mark.ray
 @pytest.mark.timeout(900)
 def test_submit_train_runs_the_training_workload_on_the_slice(
-    slice_cluster: LocalRay,
-    dev_outputs: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    trained: CliRun, checkpoints: Path
 ) -> None:
-    checkpoints = tmp_path / "checkpoints"
-    code = cli.main(
-        [
-            "submit",
-            "--stack",
-            "dev",
-            "--outputs",
-            str(dev_outputs),
-            "--address",
-            slice_cluster.address,
-            "--timeout",
-            str(JOB_TIMEOUT_S),
-            "train",
-            "--steps",
-            "4",
-            "--global-batch",
-            "8",
-            "--checkpoint-every",
-            "2",
-            "--checkpoint-dir",
-            str(checkpoints),
-        ]
-    )
-    captured = capsys.readouterr()
-    assert code == 0, captured.err[-4000:] + captured.out[-4000:]
+    assert trained.code == 0, trained.err[-4000:] + trained.out[-4000:]
     # Two host processes joined into one mesh over the slice's 8 chips, and a checkpoint.
-    assert "2 processes / 8 devices" in captured.out
-    assert f"checkpoint {checkpoints} @ 4" in captured.out
-    assert "SUCCEEDED" in captured.err
+    assert "2 processes / 8 devices" in trained.out
+    assert f"checkpoint {checkpoints} @ 4" in trained.out
+    assert "SUCCEEDED" in trained.err
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(900)
+def test_submit_serve_deploys_the_app_on_the_cluster_and_it_answers(
+    slice_cluster: LocalRay, dev_outputs: Path, trained: CliRun, checkpoints: Path
+) -> None:
+    """``raytpu submit serve``: a job runs ``serve run --non-blocking workloads.serve:app``;
+    the app stays up after the job and generates from the checkpoint training wrote."""
+    assert trained.code == 0, "needs the checkpoint of the training run"
+    (http_port,) = free_ports(1)
+    common = ["submit", "--stack", "dev", "--outputs", str(dev_outputs)]
+    common += ["--address", slice_cluster.address, "--timeout", str(JOB_TIMEOUT_S)]
+    # Serve's HTTP proxy on a free port (8000 may be taken on this shared machine); on GKE the
+    # default 8000 is what the head Service exposes, and `submit serve` needs no such step.
+    started = _raytpu(
+        *common,
+        "--",
+        "serve",
+        "start",
+        "--http-host",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--proxy-location",
+        "HeadOnly",
+    )
+    assert started.code == 0, started.err[-3000:]
+    deployed = _raytpu(*common, "--env", f"RAYTPU_CHECKPOINT_DIR={checkpoints}", "serve")
+    assert deployed.code == 0, deployed.err[-4000:] + deployed.out[-4000:]
+    assert "serve run --non-blocking workloads.serve:app" in deployed.err
+    reply = requests.post(
+        f"http://127.0.0.1:{http_port}/",
+        json={"prompt": "The TPU", "max_new_tokens": 4, "temperature": 0.0},
+        timeout=120,
+    )
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["checkpoint_step"] == 4
+    assert body["host"] == "train-0"  # a replica on a simulated TPU host of the slice
