@@ -39,6 +39,7 @@ from raytpu import catalog
 PROMPT = "The train left the station at seven in the morning, and"
 WARMUP_REQUESTS = 8
 REQUEST_TIMEOUT_S = 60.0
+WARMUP_LIMIT_S = 120.0
 REPLICA_TPU = 2
 """Chips per replica: half the 4-chip serving host, so both applications are up side by side
 and every round measures them alternately under the same load."""
@@ -245,6 +246,7 @@ def run(
             _common.progress(f"cluster up in {cluster.start_seconds:.1f} s")
             port = _common.free_port()
             urls: dict[str, str] = {}
+            warmup: list[dict[str, Any]] = []
             deploy_s: dict[str, float] = {}
             try:
                 for key in modes:
@@ -258,8 +260,20 @@ def run(
                     )
                     urls[key], deploy_s[key] = handle.url, handle.deploy_s
                 for key in modes:
-                    # Warm-up at every concurrency: each new batch size compiles once.
+                    # Warm-up. generate() compiles once per batch size it sees, so bursts of
+                    # 1..MAX_BATCH_SIZE simultaneous requests come first (their latencies show
+                    # that compile cost), then every concurrency once.
                     _common.progress(f"warming up {modes[key]}")
+                    for burst in range(1, MAX_BATCH_SIZE + 1):
+                        done = http_load(urls[key], burst, burst, WARMUP_LIMIT_S, max_new_tokens)
+                        warmup.append(
+                            {
+                                "mode": modes[key],
+                                "burst": burst,
+                                "maxLatencyS": max(done["latencies"]),
+                                "batchSizes": sorted(set(done["batchSizes"])),
+                            }
+                        )
                     for c in concurrency:
                         warm = min(2 * c, 2 * WARMUP_REQUESTS)
                         http_load(urls[key], c, warm, time_limit_s, max_new_tokens)
@@ -293,6 +307,7 @@ def run(
         "rounds": rounds,
         "timeLimitS": time_limit_s,
         "deployS": deploy_s,
+        "warmup": warmup,
         "rows": rows,
         "ratios": _ratios(rows, modes),
     }
@@ -386,6 +401,16 @@ def print_report(result: dict[str, Any]) -> list[str]:
             for r in result["ratios"]
         ],
     )
+    burst = [w for w in result["warmup"] if w["mode"].startswith("HTTP, batching")]
+    if burst:
+        print(
+            "warm-up bursts on the batching application (n simultaneous requests: slowest "
+            "latency, batch sizes seen): "
+            + "; ".join(
+                f"{w['burst']}: {_common.fmt_seconds(w['maxLatencyS'])} {w['batchSizes']}"
+                for w in burst
+            )
+        )
     return [first, second]
 
 
