@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint format catalog clean
+.PHONY: test demo preview lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)
-	$(BIN)/raytpu catalog
+	$(BIN)/raytpu demo
+
+preview: $(STAMP)
+	@for stack in $(patsubst Pulumi.%.yaml,%,$(wildcard Pulumi.*.yaml)); do \
+		echo "== raytpu preview $$stack"; $(BIN)/raytpu preview $$stack || exit $$?; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
