@@ -177,7 +177,7 @@ def trained(cluster, tmp_path_factory):
         batch = m.sample_batch(corpus, config.global_batch, cfg.seq_len, seed=index)
         state, loss = step(state, batch)
         pre_losses.append(float(loss))
-    manager = open_checkpoints(config.checkpoint_dir, config.checkpoint_every)
+    manager = open_checkpoints(config.checkpoint_dir)
     try:
         save_state(manager, PRE_STEPS, state, cfg)
         manager.wait_until_finished()

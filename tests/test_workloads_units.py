@@ -231,7 +231,7 @@ def test_checkpoint_round_trip_restores_identical_parameters(tmp_path):
 
     cfg = m.ModelConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, seq_len=32)
     state = m.init_state(cfg, jax.random.PRNGKey(3))
-    manager = open_checkpoints(str(tmp_path / "ck"), every=1)
+    manager = open_checkpoints(str(tmp_path / "ck"))
     try:
         save_state(manager, 7, state, cfg)
         manager.wait_until_finished()

@@ -127,7 +127,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         donate_argnums=0,
     )
 
-    manager = open_checkpoints(run.checkpoint_dir, run.checkpoint_every)
+    manager = open_checkpoints(run.checkpoint_dir)
     resumed_from = 0
     try:
         latest = manager.latest_step()
@@ -201,7 +201,8 @@ def _quiet_worker_logs() -> None:
     logging.getLogger("absl").setLevel(logging.WARNING)
 
 
-def open_checkpoints(directory: str, every: int) -> Any:
+def open_checkpoints(directory: str) -> Any:
+    """An Orbax CheckpointManager on ``directory`` (local path or ``gs://``), last 3 kept."""
     import orbax.checkpoint as ocp
 
     options = ocp.CheckpointManagerOptions(max_to_keep=3, create=True)
