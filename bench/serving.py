@@ -59,7 +59,7 @@ def write_checkpoint(directory: str, seed: int = 0) -> None:
 
     cfg = m.ModelConfig()
     state = m.init_state(cfg, jax.random.PRNGKey(seed))
-    manager = open_checkpoints(directory, every=1)
+    manager = open_checkpoints(directory)
     try:
         save_state(manager, 1, state, cfg)
         manager.wait_until_finished()
