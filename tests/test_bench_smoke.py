@@ -96,3 +96,39 @@ def test_iac_scale_two_tiny_sizes():
     assert one["tracemallocProgramPeakBytes"] > 0
     tables = iac_scale.print_report(result)
     assert "raytpu preview" in tables[0]
+
+
+def test_serving_combine_pools_rounds_and_ratios():
+    from bench import serving
+
+    def run(latencies, seconds, batch_sizes=()):
+        return {
+            "requests": len(latencies),
+            "seconds": seconds,
+            "latencies": latencies,
+            "errors": [],
+            "batchSizes": list(batch_sizes),
+        }
+
+    modes = {"batched": "HTTP, batching", "unbatched": "HTTP, no batching"}
+    rows = [
+        serving._combine("in-process, 1 per call", 1, [run([0.1, 0.1], 0.2), run([0.1], 0.1)]),
+        serving._combine(modes["batched"], 8, [run([0.4] * 8, 1.0, [8] * 8)]),
+        serving._combine(modes["unbatched"], 8, [run([0.8] * 4, 1.0, [1] * 4)]),
+    ]
+    assert rows[0]["requests"] == 3 and rows[0]["rounds"] == 2
+    assert rows[0]["rps"].median == pytest.approx(10.0)
+    assert rows[1]["meanBatchSize"] == 8.0
+    (ratio,) = serving._ratios(rows, modes)
+    assert ratio["concurrency"] == 8
+    assert ratio["batchedOverUnbatchedRps"] == pytest.approx(2.0)
+    assert ratio["batchedP50OverInProcess"] == pytest.approx(4.0)
+    assert ratio["unbatchedRpsOverInProcess"] == pytest.approx(0.4)
+
+
+def test_reservation_plain_bundles_match_the_slice():
+    from bench import reservation
+
+    shape = reservation.bench_shape()
+    assert (shape.hosts, shape.chips_per_host) == (2, 4)
+    assert reservation.plain_bundles(shape, 3) == [{"TPU": 4.0, "CPU": 1.0}] * 6
