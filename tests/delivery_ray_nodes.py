@@ -26,6 +26,14 @@ RAY = Path(sys.executable).with_name("ray")
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 ATTEMPTS = 3
+SLOW_MACHINE_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # On a busy 2-core machine a node's Python agents take 15-20 s to start; the raylet's
+    # default patience for them is shorter and it aborts the node ("Timed out waiting for file
+    # .../dashboard_agent_listen_port_<node id>").
+    "RAY_raylet_start_wait_time_s": "120",
+    "RAY_agent_register_timeout_ms": "120000",
+}
 
 
 class RayNodesError(RuntimeError):
@@ -155,7 +163,7 @@ def _start(
 ) -> tuple[subprocess.Popen[bytes], Path]:
     # Jobs run `python ...`: as in the Ray image, the Python that runs Ray comes first on PATH.
     path = f"{RAY.parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    env = {**os.environ, "PATH": path, "RAY_USAGE_STATS_ENABLED": "0", **(extra_env or {})}
+    env = {**os.environ, "PATH": path, **SLOW_MACHINE_ENV, **(extra_env or {})}
     env.pop("RAY_ADDRESS", None)
     with log.open("wb") as out:
         process = subprocess.Popen(
