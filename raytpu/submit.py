@@ -180,7 +180,8 @@ def _service_message(service: RayHead, cluster_hint: StackOutputs | None = None)
         "serveConfigV2 and replaces anything submitted to it. Change it with "
         f"`pulumi up --stack {cluster_hint.stack if cluster_hint else 'STACK'}`; query it with:",
         f"  {service.serve_port_forward_command()}",
-        f"  curl http://127.0.0.1:{stack_outputs.SERVE_PORT}/",
+        f"  curl -X POST http://127.0.0.1:{stack_outputs.SERVE_PORT}/ "
+        """-H 'content-type: application/json' -d '{"prompt": "The TPU"}'""",
     ]
     if cluster_hint is not None and cluster_hint.ray_clusters:
         lines.append(
