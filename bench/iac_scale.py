@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -197,11 +197,16 @@ def run_child(slices: int, repeats: int, timeout_s: float = CHILD_TIMEOUT_S) -> 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run(sizes: Sequence[int], repeats: int) -> dict[str, Any]:
+def run(
+    sizes: Sequence[int],
+    repeats: int,
+    measure: Callable[[int, int], dict[str, Any]] = run_child,
+) -> dict[str, Any]:
+    """Every size through ``measure`` (default: a fresh process each), then growth ratios."""
     rows = []
     for slices in sizes:
-        _common.progress(f"{slices} slice(s): fresh process, {repeats} repeats + 1 warm-up")
-        rows.append(run_child(slices, repeats))
+        _common.progress(f"{slices} slice(s): {repeats} repeats + 1 warm-up")
+        rows.append(measure(slices, repeats))
     base = rows[0]
     for row in rows:
         row["growth"] = {
