@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo preview lint format clean
+.PHONY: test demo preview bench lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ demo: $(STAMP)
 preview: $(STAMP)
 	@for stack in $(patsubst Pulumi.%.yaml,%,$(wildcard Pulumi.*.yaml)); do \
 		echo "== raytpu preview $$stack"; $(BIN)/raytpu preview $$stack || exit $$?; done
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
