@@ -132,6 +132,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _agent_ports() -> dict[str, int]:
+    """Free ports for one node's agents (never Ray's fixed defaults, which collide)."""
+    return {
+        "dashboard_agent_listen_port": free_port(),
+        "metrics_agent_port": free_port(),
+        "metrics_export_port": free_port(),
+        "runtime_env_agent_port": free_port(),
+    }
+
+
 class LocalSliceCluster:
     """A Ray head plus one worker node per simulated TPU host; a context manager.
 
@@ -175,54 +185,27 @@ class LocalSliceCluster:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> LocalSliceCluster:
-        """Start the head and all hosts; on any failure stop what started and re-raise."""
-        import ray
-        from ray.cluster_utils import Cluster
+        """Start the head and all hosts; on any failure stop what started and re-raise.
 
+        One retry, within the same ``start_timeout_s``: on a machine overloaded by other work a
+        raylet can die at start-up waiting for its agents' port files (Ray issues #62883 and
+        #65983: a fixed 15 s limit). Agent ports are pinned up front to make that rarer.
+        """
         if self._cluster is not None:
             return self
         began = time.monotonic()
-        # The address is fixed up front so every node's processes get RAY_ADDRESS: Ray's own
-        # helpers that auto-detect "the" cluster (Ray Train's PlacementGroupCleaner uses the
-        # state API) would otherwise fail when other Ray instances run on this machine.
-        gcs_port = free_port()
-        address = f"{ray.util.get_node_ip_address()}:{gcs_port}"
-        try:
-            self._cluster = Cluster(
-                initialize_head=True,
-                head_node_args={
-                    "num_cpus": self._head_cpus,
-                    "include_dashboard": False,
-                    "gcs_server_port": gcs_port,
-                    "env_vars": {"RAY_ADDRESS": address},
-                    "dashboard_agent_listen_port": free_port(),
-                    "object_store_memory": self._object_store,
-                },
-            )
-            for host in self.hosts:
-                self._check_deadline(began)
-                # wait=False: the raylets start in parallel; wait_for_nodes below bounds it.
-                self._cluster.add_node(
-                    wait=False,
-                    num_cpus=self._host_cpus,
-                    resources=dict(host.resources),
-                    labels=dict(host.labels),
-                    env_vars={**host.env, "RAY_ADDRESS": address},
-                    object_store_memory=self._object_store,
-                    dashboard_agent_listen_port=free_port(),
-                )
-            self._cluster.wait_for_nodes(timeout=self._remaining(began))
-            self.address = self._cluster.address
-            if self._connect:
-                ray.init(
-                    address=self.address,
-                    include_dashboard=False,
-                    log_to_driver=True,
-                    logging_level=logging.WARNING,
-                )
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in (1, 2):
+            try:
+                self._start_once(began)
+                break
+            except Exception as error:
+                self.stop()
+                if attempt == 2 or self._start_timeout_s - (time.monotonic() - began) < 30:
+                    raise
+                logger.warning("local slice cluster did not start (%s); retrying once", error)
+            except BaseException:
+                self.stop()
+                raise
         self.start_seconds = time.monotonic() - began
         logger.info(
             "local slice cluster up at %s: head + %d simulated TPU hosts in %.1f s",
@@ -231,6 +214,48 @@ class LocalSliceCluster:
             self.start_seconds,
         )
         return self
+
+    def _start_once(self, began: float) -> None:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        # The address is fixed up front so every node's processes get RAY_ADDRESS: Ray's own
+        # helpers that auto-detect "the" cluster (Ray Train's PlacementGroupCleaner uses the
+        # state API) would otherwise fail when other Ray instances run on this machine.
+        gcs_port = free_port()
+        address = f"{ray.util.get_node_ip_address()}:{gcs_port}"
+        self._cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": self._head_cpus,
+                "include_dashboard": False,
+                "gcs_server_port": gcs_port,
+                "env_vars": {"RAY_ADDRESS": address},
+                "object_store_memory": self._object_store,
+                **_agent_ports(),
+            },
+        )
+        for host in self.hosts:
+            self._check_deadline(began)
+            # wait=False: the raylets start in parallel; wait_for_nodes below bounds it.
+            self._cluster.add_node(
+                wait=False,
+                num_cpus=self._host_cpus,
+                resources=dict(host.resources),
+                labels=dict(host.labels),
+                env_vars={**host.env, "RAY_ADDRESS": address},
+                object_store_memory=self._object_store,
+                **_agent_ports(),
+            )
+        self._cluster.wait_for_nodes(timeout=self._remaining(began))
+        self.address = self._cluster.address
+        if self._connect:
+            ray.init(
+                address=self.address,
+                include_dashboard=False,
+                log_to_driver=True,
+                logging_level=logging.WARNING,
+            )
 
     def stop(self) -> None:
         """Disconnect the driver and kill every node process. Safe to call twice."""
