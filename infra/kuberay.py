@@ -27,6 +27,7 @@ from infra.config import (
     WorkerResources,
 )
 from raytpu.catalog import TPU_RESOURCE, TPU_TAINT_KEY, SliceShape
+from raytpu.entrypoints import serve_env
 
 __all__ = [
     "API_VERSION",
@@ -183,22 +184,28 @@ def ray_cluster_spec(stack: StackConfig, cluster: RayClusterConfig) -> dict[str,
     return _cluster_spec(stack, cluster)
 
 
-def serve_config_v2(service: RayServiceConfig) -> str:
-    """The Serve config of ``service`` as YAML text (what ``serveConfigV2`` holds)."""
+def serve_config_v2(stack: StackConfig, service: RayServiceConfig) -> str:
+    """The Serve config of ``service`` as YAML text (what ``serveConfigV2`` holds).
+
+    The application's ``runtime_env`` carries the serving slice's chips per host
+    (``RAYTPU_SERVE_TPU_PER_REPLICA``) so each replica asks for a whole host; the stack's own
+    ``runtimeEnv.env_vars`` come on top.
+    """
+    runtime_env = _plain(service.runtime_env) if service.runtime_env else {}
+    env_vars = {**serve_env(stack.slice(service.slice).shape), **runtime_env.get("env_vars", {})}
     app: dict[str, Any] = {
         "name": service.application_name,
         "import_path": service.import_path,
         "route_prefix": service.route_prefix,
+        "runtime_env": {**runtime_env, "env_vars": env_vars},
     }
-    if service.runtime_env:
-        app["runtime_env"] = _plain(service.runtime_env)
     return yaml.safe_dump({"applications": [app]}, sort_keys=False)
 
 
 def ray_service_spec(stack: StackConfig, service: RayServiceConfig) -> dict[str, Any]:
     """``spec`` of the RayService ``service``: its Serve config and its RayCluster."""
     return {
-        "serveConfigV2": serve_config_v2(service),
+        "serveConfigV2": serve_config_v2(stack, service),
         "rayClusterConfig": _cluster_spec(stack, service),
     }
 

@@ -13,6 +13,10 @@ from raytpu.catalog import SliceShape
 
 TRAIN_MODULE = "workloads.train"
 SERVE_IMPORT_PATH = "workloads.serve:app"
+SERVE_TPU_ENV = "RAYTPU_SERVE_TPU_PER_REPLICA"
+"""TPU chips each Serve replica of ``workloads.serve:app`` requests: the serving host's chips."""
+CHECKPOINT_ENV = "RAYTPU_CHECKPOINT_DIR"
+"""Where ``workloads.serve:app`` finds the training checkpoints (``gs://...`` on GKE)."""
 
 
 def train_command(shape: SliceShape, num_slices: int, extra: Sequence[str] = ()) -> list[str]:
@@ -48,3 +52,9 @@ def slice_env(stack: str, cluster: str, slice_name: str, shape: SliceShape) -> d
         "RAYTPU_ACCELERATOR_TYPE": shape.ray_accelerator_type,
         "RAYTPU_CHIPS_PER_HOST": str(shape.chips_per_host),
     }
+
+
+def serve_env(shape: SliceShape) -> dict[str, str]:
+    """Environment ``workloads.serve:app`` needs on a slice of ``shape``: one replica per host,
+    requesting all of that host's chips."""
+    return {SERVE_TPU_ENV: str(shape.chips_per_host)}

@@ -48,7 +48,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ADDRESS = f"http://127.0.0.1:{stack_outputs.DEFAULT_DASHBOARD_PORT}"
 WORKLOADS = ("train", "serve")
 SERVE_IMPORT_PATH = entrypoints.SERVE_IMPORT_PATH
-SERVE_TPU_ENV = "RAYTPU_SERVE_TPU_PER_REPLICA"
 WORKING_DIR_PACKAGES = ("workloads", "raytpu")
 """Packages shipped in the job's ``working_dir`` (the job's cwd, first on its ``sys.path``)."""
 WORKING_DIR_IGNORE = ("__pycache__", "*.pyc", "*.egg-info")
@@ -328,7 +327,7 @@ def build_request(
     env_vars = entrypoints.slice_env(outputs.stack, head.name, head.slice, slice_out.shape)
     if workload == "serve":
         # One Serve replica per TPU host of the cluster's slice (workloads.serve reads this).
-        env_vars[SERVE_TPU_ENV] = str(slice_out.shape.chips_per_host)
+        env_vars.update(entrypoints.serve_env(slice_out.shape))
     env_vars.update(env or {})
     return JobRequest(
         workload=workload,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import yaml
 
 from infra import kuberay
 from infra.config import WorkerResources
@@ -73,6 +74,9 @@ def test_serve_config_is_yaml_text_with_the_import_path() -> None:
     from infra.config import load_stack
 
     config = load_stack("dev")
-    text = kuberay.serve_config_v2(config.ray_services[0])
+    text = kuberay.serve_config_v2(config, config.ray_services[0])
     assert text.startswith("applications:\n")
     assert "import_path: workloads.serve:app" in text
+    (app,) = yaml.safe_load(text)["applications"]
+    # The dev serving slice is a v6e 2x2 host: each replica asks for its 4 chips.
+    assert app["runtime_env"]["env_vars"]["RAYTPU_SERVE_TPU_PER_REPLICA"] == "4"

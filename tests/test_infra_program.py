@@ -382,12 +382,24 @@ def test_ray_object_spec(
     assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
 
 
-def test_ray_service_serve_config(runs: dict[str, ProgramRun]) -> None:
-    spec = _by_name(runs["dev"], RAY_SERVICE)["serve"].props["spec"]
+@pytest.mark.parametrize(
+    ("stack", "chips_per_host"),
+    [("dev", "4"), ("prod", "8")],
+    ids=["dev-v6e-2x2", "prod-v6e-2x4-8t"],
+)
+def test_ray_service_serve_config(
+    runs: dict[str, ProgramRun], stack: str, chips_per_host: str
+) -> None:
+    spec = _by_name(runs[stack], RAY_SERVICE)["serve"].props["spec"]
     assert isinstance(spec["serveConfigV2"], str)
     assert yaml.safe_load(spec["serveConfigV2"]) == {
         "applications": [
-            {"name": "serve", "import_path": "workloads.serve:app", "route_prefix": "/"}
+            {
+                "name": "serve",
+                "import_path": "workloads.serve:app",
+                "route_prefix": "/",
+                "runtime_env": {"env_vars": {"RAYTPU_SERVE_TPU_PER_REPLICA": chips_per_host}},
+            }
         ]
     }
 

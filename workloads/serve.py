@@ -27,6 +27,8 @@ from typing import Any
 from ray import serve
 
 from raytpu.catalog import SliceShape
+from raytpu.entrypoints import CHECKPOINT_ENV
+from raytpu.entrypoints import SERVE_TPU_ENV as TPU_ENV
 
 MAX_PROMPT_CHARS = 1000
 MAX_NEW_TOKENS = 256
@@ -37,10 +39,6 @@ DEFAULT_TEMPERATURE = 0.8
 MAX_BATCH_SIZE = 8
 BATCH_WAIT_S = 0.05
 
-CHECKPOINT_ENV = "RAYTPU_CHECKPOINT_DIR"
-"""Where the RayService's replicas find checkpoints (``gs://...`` on GKE)."""
-TPU_ENV = "RAYTPU_SERVE_TPU_PER_REPLICA"
-"""TPU chips each replica requests; defaults to 4, the dev stack's v6e 2x2 serving host."""
 DEFAULT_CHECKPOINT_DIR = "/tmp/raytpu/checkpoints"
 FIELDS = ("prompt", "max_new_tokens", "temperature")
 
@@ -203,7 +201,8 @@ def _app_from_env() -> Any:
 
 app = _app_from_env()
 """``workloads.serve:app``: the RayService import path. Configure with RAYTPU_CHECKPOINT_DIR and
-RAYTPU_SERVE_TPU_PER_REPLICA in the RayService's runtime_env or container env."""
+RAYTPU_SERVE_TPU_PER_REPLICA in the RayService's runtime_env (the Pulumi program sets the latter
+from the serving slice)."""
 
 
 # ---------------------------------------------------------------- driver side: deploy and call
