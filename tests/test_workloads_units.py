@@ -10,7 +10,16 @@ import pytest
 from raytpu.catalog import SliceShape, shape
 from workloads import corpus
 from workloads.local_cluster import LocalClusterError, LocalSliceCluster, host_specs
-from workloads.serve import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, RequestError, build_app, parse_request
+from workloads.serve import (
+    MAX_NEW_TOKENS,
+    MAX_PROMPT_CHARS,
+    PAD_REQUEST,
+    GenerateRequest,
+    RequestError,
+    build_app,
+    pad_to_bucket,
+    parse_request,
+)
 from workloads.train import TrainConfig
 
 V6E_2X4_4T = shape("v6e", "2x4", machine_type="ct6e-standard-4t")
@@ -157,6 +166,25 @@ def test_parse_request_rejects_with_4xx(body, status, fragment):
 def test_parse_request_accepts(raw, expected):
     parsed = parse_request(json.dumps(raw).encode())
     assert (parsed.prompt, parsed.max_new_tokens, parsed.temperature) == expected
+
+
+@pytest.mark.parametrize(
+    ("size", "padded"),
+    [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8)],
+    ids=lambda v: str(v),
+)
+def test_batches_pad_to_a_compiled_bucket(size, padded):
+    requests = [GenerateRequest(prompt=f"p{i}") for i in range(size)]
+    batch = pad_to_bucket(requests)
+    assert len(batch) == padded
+    assert batch[:size] == requests
+    assert all(r == PAD_REQUEST for r in batch[size:])
+
+
+@pytest.mark.parametrize("size", [0, 9], ids=["empty", "over-max"])
+def test_pad_to_bucket_rejects_sizes_serve_batch_never_makes(size):
+    with pytest.raises(ValueError, match=f"batch size: {size} is not valid; valid: 1..8"):
+        pad_to_bucket([GenerateRequest(prompt="p")] * size)
 
 
 def test_build_app_requests_the_serving_hosts_chips():

@@ -36,8 +36,11 @@ MAX_TEMPERATURE = 2.0
 MAX_BODY_BYTES = 16_384
 DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_TEMPERATURE = 0.8
-MAX_BATCH_SIZE = 8
 BATCH_WAIT_S = 0.05
+BATCH_BUCKETS = (1, 2, 4, 8)
+"""Batch sizes a replica runs: ``generate`` compiles once per batch shape, so a batch is padded
+up to the next bucket and every bucket is compiled when the replica starts, never on a request."""
+MAX_BATCH_SIZE = BATCH_BUCKETS[-1]
 
 DEFAULT_CHECKPOINT_DIR = "/tmp/raytpu/checkpoints"
 FIELDS = ("prompt", "max_new_tokens", "temperature")
@@ -99,6 +102,17 @@ def parse_request(body: bytes) -> GenerateRequest:
     return GenerateRequest(prompt=prompt, max_new_tokens=tokens, temperature=float(temperature))
 
 
+PAD_REQUEST = GenerateRequest(prompt=" ", max_new_tokens=1, temperature=0.0)
+
+
+def pad_to_bucket(requests: list[GenerateRequest]) -> list[GenerateRequest]:
+    """``requests`` followed by one-token filler rows, up to the next size in BATCH_BUCKETS."""
+    if not 1 <= len(requests) <= MAX_BATCH_SIZE:
+        raise ValueError(f"batch size: {len(requests)} is not valid; valid: 1..{MAX_BATCH_SIZE}")
+    size = next(b for b in BATCH_BUCKETS if b >= len(requests))
+    return [*requests, *[PAD_REQUEST] * (size - len(requests))]
+
+
 @serve.deployment(max_ongoing_requests=32, health_check_timeout_s=30)
 class TextGenerator:
     """One replica: the latest checkpoint on this host's devices, batched generation."""
@@ -111,21 +125,24 @@ class TextGenerator:
         self._params, self._cfg, self._step = restore_params(checkpoint_dir)
         self._checkpoint_dir = checkpoint_dir
         self._calls = 0
-        # Compile the forward pass once now, not on the first request.
-        self._run([GenerateRequest(prompt="warm up", max_new_tokens=1, temperature=0.0)])
+        # Compile the forward pass for every batch bucket now, not on a request.
+        for size in BATCH_BUCKETS:
+            self._run([PAD_REQUEST] * size)
 
     def _run(self, requests: list[GenerateRequest]) -> list[str]:
         from workloads.model import generate
 
         self._calls += 1
-        return generate(
+        batch = pad_to_bucket(requests)
+        completions = generate(
             self._params,
             self._cfg,
-            [r.prompt for r in requests],
-            [r.max_new_tokens for r in requests],
-            [r.temperature for r in requests],
+            [r.prompt for r in batch],
+            [r.max_new_tokens for r in batch],
+            [r.temperature for r in batch],
             seed=self._calls,
         )
+        return completions[: len(requests)]
 
     @serve.batch(max_batch_size=MAX_BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_S)
     async def generate_batch(self, requests: list[GenerateRequest]) -> list[dict[str, Any]]:
