@@ -1005,45 +1005,23 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
                 )
             taken.update(item.node_pool_names())
 
-    clusters: list[RayClusterConfig] = []
-    raw_clusters = _list(
-        problems, f"{NAMESPACE}:rayClusters", raw.get(f"{NAMESPACE}:rayClusters"), required=False
-    )
-    for index, item in enumerate(raw_clusters):
-        parsed = _parse_ray_cluster(problems, index, item, by_name, ray_version)
-        if parsed is not None:
-            clusters.append(parsed)
-    services: list[RayServiceConfig] = []
-    raw_services = _list(
-        problems, f"{NAMESPACE}:rayServices", raw.get(f"{NAMESPACE}:rayServices"), required=False
-    )
-    for index, item in enumerate(raw_services):
-        parsed = _parse_ray_service(problems, index, item, by_name, ray_version)
-        if parsed is not None:
-            services.append(parsed)
-    jobs: list[RayJobConfig] = []
-    raw_jobs = _list(
-        problems, f"{NAMESPACE}:rayJobs", raw.get(f"{NAMESPACE}:rayJobs"), required=False
-    )
-    for index, item in enumerate(raw_jobs):
-        parsed = _parse_ray_job(problems, index, item, by_name, ray_version)
-        if parsed is not None:
-            jobs.append(parsed)
     # A RayService N owns the Services N-head-svc / N-serve-svc like a RayCluster N would:
-    # names must be unique across both kinds (per namespace; we keep it simple: overall).
-    ray_names = [
-        (f"rayClusters[{i}]", o.get("name"))
-        for i, o in enumerate(raw_clusters)
-        if isinstance(o, Mapping)
-    ]
-    ray_names += [
-        (f"rayServices[{i}]", o.get("name"))
-        for i, o in enumerate(raw_services)
-        if isinstance(o, Mapping)
-    ]
-    ray_names += [
-        (f"rayJobs[{i}]", o.get("name")) for i, o in enumerate(raw_jobs) if isinstance(o, Mapping)
-    ]
+    # names must be unique across all kinds (per namespace; we keep it simple: overall).
+    ray_names: list[tuple[str, Any]] = []
+
+    def ray_objects(key: str, parse: Any) -> list[Any]:
+        items = _list(problems, f"{NAMESPACE}:{key}", raw.get(f"{NAMESPACE}:{key}"), required=False)
+        ray_names.extend(
+            (f"{key}[{i}]", o.get("name")) for i, o in enumerate(items) if isinstance(o, Mapping)
+        )
+        parsed = (
+            parse(problems, index, item, by_name, ray_version) for index, item in enumerate(items)
+        )
+        return [obj for obj in parsed if obj is not None]
+
+    clusters: list[RayClusterConfig] = ray_objects("rayClusters", _parse_ray_cluster)
+    services: list[RayServiceConfig] = ray_objects("rayServices", _parse_ray_service)
+    jobs: list[RayJobConfig] = ray_objects("rayJobs", _parse_ray_job)
     seen: dict[str, str] = {}
     for where, name in ray_names:
         if name in seen:
