@@ -10,6 +10,7 @@ one process: each run resets Pulumi's runtime settings and its root stack.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import json
 import runpy
@@ -110,6 +111,8 @@ def _run(body: Callable[[], None], *, stack: str, config: Mapping[str, str]) -> 
     class RecordingMonitor(mocks.MockMonitor):
         def RegisterResource(self, request: Any) -> resource_pb2.RegisterResourceResponse:
             response = super().RegisterResource(request)
+            # The mock monitor answers on executor threads, each with an event loop of its own.
+            _close_at_exit(asyncio.get_event_loop())
             if request.type != "pulumi:pulumi:Stack":
                 records.append(
                     DeclaredResource(
@@ -158,7 +161,28 @@ def _run(body: Callable[[], None], *, stack: str, config: Mapping[str, str]) -> 
         runtime_config.set_all_config({}, [])
         _drop_pending_outputs(settings.SETTINGS)
         settings.reset_options(project=PROJECT, stack=stack)
+        _close_at_exit(asyncio.get_event_loop())
     return ProgramRun(records, outputs, frozenset(secret), error)
+
+
+_LOOPS_CLOSED_AT_EXIT: set[int] = set()
+
+
+def _close_at_exit(loop: asyncio.AbstractEventLoop) -> None:
+    """Close the event loop Pulumi's ``_sync_await`` ran on when the interpreter exits.
+
+    Left to the garbage collector at shutdown, the loop is finalized after its self-pipe socket
+    and prints "Exception ignored in BaseEventLoop.__del__ ... Invalid file descriptor: -1".
+    """
+    if id(loop) in _LOOPS_CLOSED_AT_EXIT:
+        return
+    _LOOPS_CLOSED_AT_EXIT.add(id(loop))
+
+    def close() -> None:
+        if not loop.is_running() and not loop.is_closed():
+            loop.close()
+
+    atexit.register(close)
 
 
 def _drop_pending_outputs(runtime_settings: Any) -> None:
