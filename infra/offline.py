@@ -97,7 +97,7 @@ def _run(body: Callable[[], None], *, stack: str, config: Mapping[str, str]) -> 
     from pulumi.runtime import mocks, rpc, settings
     from pulumi.runtime.proto import resource_pb2
     from pulumi.runtime.stack import run_pulumi_func
-    from pulumi.runtime.sync_await import _sync_await
+    from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
     records: list[DeclaredResource] = []
 
@@ -111,9 +111,10 @@ def _run(body: Callable[[], None], *, stack: str, config: Mapping[str, str]) -> 
     class RecordingMonitor(mocks.MockMonitor):
         def RegisterResource(self, request: Any) -> resource_pb2.RegisterResourceResponse:
             response = super().RegisterResource(request)
-            # The mock monitor answers on executor threads, each with an event loop of its own.
-            _close_at_exit(asyncio.get_event_loop())
             if request.type != "pulumi:pulumi:Stack":
+                # The mock monitor answers on executor threads; for resources it gives each
+                # thread an event loop of its own, which must be closed before exit.
+                _close_at_exit(_ensure_event_loop())
                 records.append(
                     DeclaredResource(
                         type=request.type,
