@@ -27,6 +27,7 @@ import yaml
 
 from raytpu import catalog
 from raytpu.catalog import SliceShape
+from raytpu.ray_versions import MINIMUM_RAY_VERSION, image_version, parse_version
 
 __all__ = [
     "PROVISIONING",
@@ -48,7 +49,7 @@ NAMESPACE = "ray-tpu"
 """Pulumi config namespace of this project (the project name in ``Pulumi.yaml``)."""
 PROVISIONING = ("on-demand", "spot", "reservation", "flex-start")
 RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE", "EXTENDED")
-MIN_RAY_VERSION = (2, 55, 0)
+MIN_RAY_VERSION = parse_version(MINIMUM_RAY_VERSION)
 """Ray's slice placement (``ray.util.tpu.slice_placement_group``) needs 2.55 or later."""
 MIN_GKE_VERSION = "1.30.0-gke.1747000"
 """The Ray Operator add-on needs this GKE version or later."""
@@ -62,7 +63,6 @@ _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _ZONE_RE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _PROJECT_RE = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
-_RAY_VERSION_RE = re.compile(r"^([0-9]+)\.([0-9]+)\.([0-9]+)$")
 _GKE_VERSION_RE = re.compile(r"^([0-9]+)\.([0-9]+)(?:\.([0-9]+)(?:-gke\.([0-9]+))?)?$")
 _QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
 _CIDR_RE = re.compile(r"^([0-9]{1,3}\.){3}[0-9]{1,3}/([0-9]|[12][0-9]|3[0-2])$")
@@ -374,39 +374,31 @@ def _parse_ray_version(problems: _Problems, value: Any) -> str | None:
     if not isinstance(value, str):
         problems.bad(path, value, valid, "quote it: YAML reads 2.60 as a number")
         return None
-    match = _RAY_VERSION_RE.match(value)
-    if not match or tuple(int(p) for p in match.groups()) < MIN_RAY_VERSION:
+    parsed = parse_version(value)
+    if parsed is None or parsed < MIN_RAY_VERSION:
         problems.bad(path, value, valid)
         return None
     return value
 
 
 def _image_check(problems: _Problems, path: str, image: Any, ray_version: str | None) -> bool:
-    """An image must be pinned (tag or digest, never ``latest``); Ray's own image must match
-    ``rayVersion``."""
-    valid = "an image pinned by tag or digest, e.g. rayproject/ray:2.60.0-py311 (never :latest)"
+    """An image's tag must name the Ray version it runs, the same as ``rayVersion`` (the policy
+    pack's ``pinned-ray-version`` judges images with the same :func:`image_version`)."""
+    version_text = ray_version or "X.Y.Z"
+    valid = (
+        f"an image whose tag names Ray {version_text}, e.g. rayproject/ray:{version_text}-py311 "
+        f"or REGISTRY/ray:{version_text}-py311-abc123 (a @sha256 digest may follow; never :latest)"
+    )
     if not isinstance(image, str) or not image.strip():
         problems.bad(path, image, valid)
         return False
-    if "@sha256:" in image:
-        return True
-    last = image.rsplit("/", 1)[-1]
-    if ":" not in last:
-        problems.bad(path, image, valid, "no tag")
+    version, why = image_version(image)
+    if version is None:
+        problems.bad(path, image, valid, why)
         return False
-    tag = last.split(":", 1)[1]
-    if tag == "latest" or tag.startswith("nightly"):
-        problems.bad(path, image, valid)
-        return False
-    repo = image.rsplit(":", 1)[0]
-    ray_repos = ("rayproject/ray", "docker.io/rayproject/ray", "rayproject/ray-ml")
-    matches = tag == ray_version or tag.startswith(f"{ray_version}-")
-    if ray_version and repo in ray_repos and not matches:
+    if ray_version and version != ray_version:
         problems.bad(
-            path,
-            image,
-            f"a {repo} tag starting with {ray_version} (ray-tpu:rayVersion)",
-            "the image must run the Ray version KubeRay is told about",
+            path, image, valid, f"it runs Ray {version}, KubeRay is told {NAMESPACE}:rayVersion"
         )
         return False
     return True

@@ -255,28 +255,42 @@ BAD_VALUES = [
         _set(("ray-tpu:rayImage",), "rayproject/ray:latest"),
         "ray-tpu:rayImage",
         "'rayproject/ray:latest'",
-        "pinned by tag or digest",
+        "names no explicit Ray version",
     ),
     (
         "image-untagged",
         _set(("ray-tpu:rayImage",), "ghcr.io/me/ray"),
         "ray-tpu:rayImage",
         "'ghcr.io/me/ray'",
-        "pinned by tag or digest",
+        "has no tag",
     ),
     (
         "image-other-ray",
         _set(("ray-tpu:rayImage",), "rayproject/ray:2.59.0-py311"),
         "ray-tpu:rayImage",
         "'rayproject/ray:2.59.0-py311'",
-        "tag starting with 2.60.0",
+        "runs Ray 2.59.0",
     ),
     (
         "object-image-latest",
         _set((RC, 0, "image"), "me/ray:latest"),
         f"{RC}[0].image",
         "'me/ray:latest'",
-        "pinned by tag or digest",
+        "an image whose tag names Ray 2.60.0",
+    ),
+    (
+        "image-digest-only",
+        _set(("ray-tpu:rayImage",), "ghcr.io/me/ray@sha256:" + "0" * 64),
+        "ray-tpu:rayImage",
+        repr("ghcr.io/me/ray@sha256:" + "0" * 64),
+        "pinned by digest only",
+    ),
+    (
+        "image-custom-other-ray",
+        _set((RC, 0, "image"), "us-docker.pkg.dev/p/r/ray:2.58.0-py311-abc123"),
+        f"{RC}[0].image",
+        "'us-docker.pkg.dev/p/r/ray:2.58.0-py311-abc123'",
+        "runs Ray 2.58.0",
     ),
     (
         "release-channel",
@@ -418,6 +432,22 @@ def test_good_config_through_the_entrypoint_declares_the_stack(dev_raw: dict[str
     types = {r.type for r in run.resources}
     assert "gcp:container/cluster:Cluster" in types
     assert "kubernetes:ray.io/v1:RayCluster" in types
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "rayproject/ray:2.60.0-py311",
+        "us-docker.pkg.dev/p/r/ray:2.60.0-py311-abc123",
+        "us-docker.pkg.dev/p/r/ray:2.60.0-py311@sha256:" + "0" * 64,
+    ],
+    ids=["ray-image", "custom-tag", "custom-tag-and-digest"],
+)
+def test_images_whose_tag_names_the_ray_version_are_accepted(
+    dev_raw: dict[str, Any], image: str
+) -> None:
+    dev_raw["ray-tpu:rayImage"] = image
+    assert parse_config(dev_raw).ray_image == image
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"], ids=["dev", "prod"])

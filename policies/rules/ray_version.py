@@ -9,36 +9,16 @@ tag (``rayproject/ray:2.60.0-py311``); no ``latest``, no untagged image.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from policies.model import cluster_spec, pod_templates
 from policies.values import as_list, get, is_unknown
+from raytpu.ray_versions import MINIMUM_RAY_VERSION, image_version, parse_version
 
-DEFAULT_MINIMUM_VERSION = "2.55.0"
-_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
-_TAG_VERSION = re.compile(r"^v?(\d+\.\d+\.\d+)(?:$|[-_.+])")
+__all__ = ["DEFAULT_MINIMUM_VERSION", "check_ray_version", "image_version", "parse_version"]
 
-
-def parse_version(text: str) -> tuple[int, int, int] | None:
-    found = _VERSION.match(text.strip())
-    return tuple(int(p) for p in found.groups()) if found else None  # type: ignore[return-value]
-
-
-def image_version(image: str) -> tuple[str | None, str]:
-    """(Ray version in the tag or None, why not): ``rayproject/ray:2.60.0-py311`` -> 2.60.0."""
-    name = image.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    if ":" not in last:
-        if "@" in image:
-            return None, "is pinned by digest only, with no version tag"
-        return None, "has no tag (Kubernetes pulls :latest)"
-    tag = last.rsplit(":", 1)[1]
-    found = _TAG_VERSION.match(tag)
-    if not found:
-        return None, f"has tag {tag!r}, which names no explicit Ray version"
-    return found.group(1), ""
+DEFAULT_MINIMUM_VERSION = MINIMUM_RAY_VERSION
 
 
 def check_ray_version(

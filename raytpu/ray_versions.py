@@ -1,0 +1,40 @@
+"""Which Ray a stack runs: the explicit version and the version an image tag names.
+
+Stdlib only: shared by the stack config (``infra.config``) and the policy pack
+(``policies.rules.ray_version``), so that both accept and refuse the same images.
+"""
+
+from __future__ import annotations
+
+import re
+
+MINIMUM_RAY_VERSION = "2.55.0"
+"""The first Ray with the TPU slice API (``ray.util.tpu.slice_placement_group``)."""
+
+_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+_TAG_VERSION = re.compile(r"^v?(\d+\.\d+\.\d+)(?:$|[-_.+])")
+
+
+def parse_version(text: str) -> tuple[int, int, int] | None:
+    """``"2.60.0"`` -> ``(2, 60, 0)``; None for anything that is not an explicit ``X.Y.Z``."""
+    found = _VERSION.match(text.strip())
+    return (int(found[1]), int(found[2]), int(found[3])) if found else None
+
+
+def image_version(image: str) -> tuple[str | None, str]:
+    """(Ray version named by the image's tag, or None and why not).
+
+    ``rayproject/ray:2.60.0-py311`` -> ``"2.60.0"``; a custom image is fine when its tag starts
+    with the version (``REGISTRY/ray:2.60.0-py311-abc123``, a digest may follow the tag).
+    """
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" not in last:
+        if "@" in image:
+            return None, "is pinned by digest only, with no version tag"
+        return None, "has no tag (Kubernetes pulls :latest)"
+    tag = last.rsplit(":", 1)[1]
+    found = _TAG_VERSION.match(tag)
+    if not found:
+        return None, f"has tag {tag!r}, which names no explicit Ray version"
+    return found.group(1), ""
