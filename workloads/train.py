@@ -146,7 +146,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             losses.append(loss_value)
             done = step + 1
             if jax.process_index() == 0:
-                print(f"[train] step {done}/{run.steps} loss {loss_value:.4f}", flush=True)
+                # A logger, not print: Ray Train tees a worker's print to stdout and its logger.
+                logger.info("[train] step %d/%d loss %.4f", done, run.steps, loss_value)
             if done % run.checkpoint_every == 0 or done == run.steps:
                 save_state(manager, done, state, cfg)
             if done % run.log_every == 0 and done != run.steps:
