@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -176,42 +176,24 @@ class RayClusterConfig:
 
 
 @dataclass(frozen=True)
-class RayServiceConfig:
-    """A KubeRay RayService: a Ray Serve application on ``slice``."""
+class RayServiceConfig(RayClusterConfig):
+    """A KubeRay RayService: a Ray Serve application on ``slice`` (its RayCluster, plus Serve)."""
 
-    name: str
-    slice: str
-    replicas: int
     import_path: str
     """``module:attribute`` of the Serve application, e.g. ``workloads.serve:app``."""
-    min_replicas: int
-    max_replicas: int
-    namespace: str
-    image: str | None
-    head: WorkerResources
-    worker: WorkerResources
     application_name: str
     route_prefix: str
     runtime_env: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
-class RayJobConfig:
+class RayJobConfig(RayClusterConfig):
     """A KubeRay RayJob: its own RayCluster on ``slice``, one entrypoint, then shut down.
 
     ``entrypoint`` (a shell command) replaces the default, the training workload sized to the
     slice (:mod:`infra.rayjob_spec`); ``args`` are appended to that default instead.
     """
 
-    name: str
-    slice: str
-    replicas: int
-    min_replicas: int
-    max_replicas: int
-    namespace: str
-    image: str | None
-    head: WorkerResources
-    worker: WorkerResources
     entrypoint: str | None = None
     args: tuple[str, ...] = ()
     runtime_env: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
@@ -221,17 +203,7 @@ class RayJobConfig:
     @property
     def cluster(self) -> RayClusterConfig:
         """The RayCluster the RayJob creates (its ``rayClusterSpec``)."""
-        return RayClusterConfig(
-            name=self.name,
-            slice=self.slice,
-            replicas=self.replicas,
-            min_replicas=self.min_replicas,
-            max_replicas=self.max_replicas,
-            namespace=self.namespace,
-            image=self.image,
-            head=self.head,
-            worker=self.worker,
-        )
+        return RayClusterConfig(**{f.name: getattr(self, f.name) for f in fields(RayClusterConfig)})
 
 
 @dataclass(frozen=True)
@@ -772,6 +744,20 @@ def _parse_ray_common(
     }
 
 
+def _runtime_env(s: _Section) -> dict[str, Any] | None:
+    """``runtimeEnv``: a Ray runtime_env mapping of plain values (it is written out as YAML)."""
+    runtime_env = s.get("runtimeEnv", dict, {}, valid="a mapping (Ray runtime_env)")
+    if runtime_env:
+        try:
+            json.dumps(runtime_env)
+        except (TypeError, ValueError):
+            s.problems.bad(
+                s.sub("runtimeEnv"), runtime_env, "plain strings, numbers, lists, mappings"
+            )
+            return None
+    return runtime_env
+
+
 def _parse_ray_cluster(
     problems: _Problems,
     index: int,
@@ -818,15 +804,7 @@ def _parse_ray_service(
         valid="a URL path starting with '/'",
         check=lambda v: v.startswith("/"),
     )
-    runtime_env = s.get("runtimeEnv", dict, {}, valid="a mapping (Ray runtime_env)")
-    if runtime_env:
-        try:
-            json.dumps(runtime_env)
-        except (TypeError, ValueError):
-            problems.bad(
-                s.sub("runtimeEnv"), runtime_env, "plain strings, numbers, lists, mappings"
-            )
-            runtime_env = None
+    runtime_env = _runtime_env(s)
     if common is None or None in (import_path, app_name, route, runtime_env):
         return None
     return RayServiceConfig(
@@ -870,7 +848,7 @@ def _parse_ray_job(
     if entrypoint and args:
         problems.bad(s.sub("args"), args, "[] when entrypoint is set", "put them in entrypoint")
         args = None
-    runtime_env = s.get("runtimeEnv", dict, {}, valid="a mapping (Ray runtime_env)")
+    runtime_env = _runtime_env(s)
     ttl = s.get(
         "ttlSecondsAfterFinished", int, 600, valid="an integer >= 0", check=_int_range(0, 10**7)
     )

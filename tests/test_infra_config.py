@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import datetime
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -371,6 +372,23 @@ BAD_VALUES = [
         "us-east5",
     ),
     ("slices-not-list", _set((S,), {"train": {}}), S, "{'train': {}}", "a list of mappings"),
+    (
+        "service-runtime-env-not-plain",
+        _set((RS, 0, "runtimeEnv"), {"env_vars": {"FROM": datetime.date(2026, 1, 1)}}),
+        f"{RS}[0].runtimeEnv",
+        repr({"env_vars": {"FROM": datetime.date(2026, 1, 1)}}),
+        "plain strings, numbers, lists, mappings",
+    ),
+    (
+        "job-runtime-env-not-plain",
+        _set(
+            ("ray-tpu:rayJobs",),
+            [{"name": "run", "slice": "serve", "runtimeEnv": {"FROM": datetime.date(2026, 1, 1)}}],
+        ),
+        "ray-tpu:rayJobs[0].runtimeEnv",
+        repr({"FROM": datetime.date(2026, 1, 1)}),
+        "plain strings, numbers, lists, mappings",
+    ),
 ]
 
 
