@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra import rayjob_spec
+from infra import custom_resource, rayjob_spec
 from infra.config import RayJobConfig, StackConfig
 
 
@@ -34,13 +34,10 @@ class RayJob(pulumi.ComponentResource):
     ) -> None:
         super().__init__("ray-tpu:infra:RayJob", name, None, opts)
         manifest = rayjob_spec.ray_job_object(args.stack, args.job, stack_name=args.stack_name)
-        self.resource = k8s.apiextensions.CustomResource(
+        self.resource = custom_resource.declare(
             name,
-            api_version=manifest["apiVersion"],
-            kind=manifest["kind"],
-            metadata=manifest["metadata"],
-            spec=manifest["spec"],
-            opts=pulumi.ResourceOptions(
+            manifest,
+            pulumi.ResourceOptions(
                 parent=self,
                 provider=args.provider,
                 depends_on=list(args.depends_on),

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra import kuberay
+from infra import custom_resource, kuberay
 from infra.config import RayServiceConfig, StackConfig
 
 
@@ -32,13 +32,10 @@ class RayService(pulumi.ComponentResource):
     ) -> None:
         super().__init__("ray-tpu:infra:RayService", name, None, opts)
         manifest = kuberay.ray_service_object(args.stack, args.service)
-        self.resource = k8s.apiextensions.CustomResource(
+        self.resource = custom_resource.declare(
             name,
-            api_version=manifest["apiVersion"],
-            kind=manifest["kind"],
-            metadata=manifest["metadata"],
-            spec=manifest["spec"],
-            opts=pulumi.ResourceOptions(
+            manifest,
+            pulumi.ResourceOptions(
                 parent=self, provider=args.provider, depends_on=list(args.depends_on)
             ),
         )
