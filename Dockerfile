@@ -24,16 +24,18 @@ WORKDIR /home/ray/ray-tpu
 # Dependencies first (a layer that changes only with pyproject.toml): the project's runtime
 # dependencies and its `tpu` extra, minus Ray (the image's own) and Pulumi (laptop and CI only).
 COPY --chown=ray:users pyproject.toml README.md ./
-COPY --chown=ray:users raytpu/__init__.py raytpu/catalog.py raytpu/stack_outputs.py raytpu/entrypoints.py raytpu/submit.py ./raytpu/
-RUN python -c "from raytpu.submit import worker_requirements as w; print('\n'.join(w()))" \
+COPY --chown=ray:users raytpu/__init__.py raytpu/catalog.py raytpu/entrypoints.py ./raytpu/
+RUN python -c "from raytpu.entrypoints import worker_requirements as w; print('\n'.join(w()))" \
         > /tmp/worker-requirements.txt \
     && pip install --no-cache-dir -r /tmp/worker-requirements.txt \
     && python -c "import ray; assert ray.__version__ == '2.60.0', ray.__version__"
 
-# The code the jobs import (`python -m workloads.train`, `workloads.serve:app`).
+# The code the jobs import (`python -m raytpu_cli train`, `workloads.serve:app`, and the command
+# layer for `python -m raytpu_cli ...` on the head); never infra/ or policies/ (Pulumi side).
 COPY --chown=ray:users raytpu ./raytpu
 COPY --chown=ray:users workloads ./workloads
+COPY --chown=ray:users raytpu_cli ./raytpu_cli
 RUN pip install --no-cache-dir --no-deps . \
-    && python -c "import workloads, raytpu.catalog; print('ray-tpu image ok')"
+    && python -c "import workloads.train, workloads.serve, raytpu.catalog; print('ray-tpu image ok')"
 
 ENV RAY_USAGE_STATS_ENABLED=0

@@ -96,7 +96,7 @@ def time_preview(slices: int, repeats: int) -> tuple[list[float], int]:
     """``raytpu preview bench --json`` end to end (YAML, config, program, policy, report)."""
     import yaml
 
-    from raytpu.cli import main as raytpu_main
+    from raytpu_cli.main import main as raytpu_main
 
     seconds = []
     code = -1

@@ -27,8 +27,8 @@ from typing import Any
 
 from bench import _common
 from raytpu import catalog
+from raytpu.ray_names import LABEL_SLICE_NAME
 
-LABEL_SLICE_NAME = "ray.io/tpu-slice-name"
 STRATEGY = "SPREAD"
 """Ray's ``SlicePlacementGroup`` default, used for the plain placement group too."""
 

@@ -836,7 +836,7 @@ def _parse_ray_job(
         return None
     common = _parse_ray_common(s, slices, ray_version)
     entrypoint = s.get(
-        "entrypoint", str, "", valid="a shell command, e.g. python -m workloads.train", check=bool
+        "entrypoint", str, "", valid="a shell command, e.g. python -m raytpu_cli train", check=bool
     )
     args = s.get(
         "args",

@@ -28,6 +28,7 @@ from infra.config import (
 )
 from raytpu.catalog import TPU_RESOURCE, TPU_TAINT_KEY, SliceShape
 from raytpu.entrypoints import serve_env
+from raytpu.ray_names import HEAD_PORTS
 
 __all__ = [
     "API_VERSION",
@@ -54,8 +55,6 @@ TPU_TOLERATION: Mapping[str, str] = {
 }
 """GKE taints TPU nodes ``google.com/tpu=present:NoSchedule``; TPU pods tolerate it."""
 TPU_GROUP_NAME = "tpu-group"
-HEAD_PORTS = (("gcs", 6379), ("dashboard", 8265), ("client", 10001), ("serve", 8000))
-DASHBOARD_PORT = 8265
 MXLA_PORT = 8081
 """Multi-host TPU slices talk over the megascale/XLA port."""
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import pulumi
 
-from infra import kuberay
 from infra.cloud_nat import CloudNat, CloudNatArgs
 from infra.config import StackConfig
 from infra.cpu_pool import CpuNodePool, CpuNodePoolArgs
@@ -23,6 +22,7 @@ from infra.ray_cluster import RayCluster, RayClusterArgs
 from infra.ray_job import RayJob, RayJobArgs
 from infra.ray_service import RayService, RayServiceArgs
 from infra.tpu_slice import TpuSlice, TpuSliceArgs
+from raytpu.ray_names import DASHBOARD_PORT
 
 
 def slice_summary(config: StackConfig) -> dict[str, dict[str, Any]]:
@@ -142,7 +142,7 @@ def declare(config: StackConfig) -> None:
                 "namespace": rc.namespace,
                 "slice": config_obj.slice,
                 "headService": rc.head_service,
-                "dashboardPort": kuberay.DASHBOARD_PORT,
+                "dashboardPort": DASHBOARD_PORT,
             }
             for (name, rc), config_obj in zip(
                 ray_clusters.items(), config.ray_clusters, strict=True
@@ -157,7 +157,7 @@ def declare(config: StackConfig) -> None:
                 "slice": config_obj.slice,
                 "headService": rs.head_service,
                 "serveService": rs.serve_service,
-                "dashboardPort": kuberay.DASHBOARD_PORT,
+                "dashboardPort": DASHBOARD_PORT,
             }
             for (name, rs), config_obj in zip(
                 ray_services.items(), config.ray_services, strict=True

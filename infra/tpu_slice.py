@@ -26,6 +26,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.config import SliceConfig
+from raytpu.catalog import WORKLOAD_POLICY_TYPE
 
 GCP_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
@@ -66,7 +67,7 @@ class TpuSlice(pulumi.ComponentResource):
         self.workload_policies: list[gcp.compute.ResourcePolicy] = []
         for index, pool_name in enumerate(cfg.node_pool_names()):
             placement = None
-            if shape.multi_host and shape.generation.name == "tpu7x":
+            if shape.uses_workload_policy:
                 policy = gcp.compute.ResourcePolicy(
                     f"{name}-{index}-workload-policy",
                     name=pulumi.Output.from_input(args.cluster_name).apply(
@@ -75,7 +76,7 @@ class TpuSlice(pulumi.ComponentResource):
                     project=args.project,
                     region=args.region,
                     workload_policy=gcp.compute.ResourcePolicyWorkloadPolicyArgs(
-                        type="HIGH_THROUGHPUT", accelerator_topology=shape.topology
+                        type=WORKLOAD_POLICY_TYPE, accelerator_topology=shape.topology
                     ),
                     opts=pulumi.ResourceOptions(parent=self),
                 )

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from policies.model import CLUSTER, NODE_POOL, SERVICE, ResourceLike, is_ingress, ray_kind
 from policies.rules import exposure, node_pool, ray_groups, ray_version, stack
 from policies.values import get, plain
+from raytpu.catalog import WORKLOAD_POLICY_TYPE
 
 ENFORCEMENT_LEVELS = ("mandatory", "advisory", "disabled")
 DEFAULT_ENFORCEMENT = "mandatory"
@@ -138,7 +139,9 @@ POLICIES: tuple[PolicySpec, ...] = (
         ),
         kind="stack",
         rule=stack.check_workload_policies,
-        remediation="Declare the ResourcePolicy (HIGH_THROUGHPUT, acceleratorTopology) in the stack.",
+        remediation=(
+            f"Declare the ResourcePolicy ({WORKLOAD_POLICY_TYPE}, acceleratorTopology) in the stack."
+        ),
     ),
     PolicySpec(
         name="pinned-ray-version",

@@ -30,6 +30,9 @@ from typing import Any
 
 __all__ = [
     "GENERATIONS",
+    "MULTI_HOST_CHIPS_PER_HOST",
+    "RAY_TPU_REQUEST_SIZES",
+    "WORKLOAD_POLICY_TYPE",
     "CatalogError",
     "Generation",
     "SliceShape",
@@ -47,6 +50,12 @@ GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
 GKE_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
 TPU_TAINT_KEY = "google.com/tpu"
 """GKE taints TPU nodes ``google.com/tpu=present:NoSchedule``."""
+MULTI_HOST_CHIPS_PER_HOST = 4
+"""Multi-host slices are built from 4-chip hosts only, in every generation."""
+WORKLOAD_POLICY_TYPE = "HIGH_THROUGHPUT"
+"""The workload-policy type of a multi-host pool on generations with ``workload_policy``."""
+RAY_TPU_REQUEST_SIZES = (1, 2, 4, 8)
+"""The ``TPU`` amounts a Ray task or actor may request (bundles are not limited)."""
 
 
 class CatalogError(ValueError):
@@ -87,6 +96,14 @@ class Generation:
     """Explicitly listed multi-host topologies (all on 4-chip hosts)."""
     max_chips: int
     """Largest slice GKE schedules for this generation."""
+    peak_bf16_tflops: float
+    """Peak dense BF16 TFLOP/s per chip (Google Cloud TPU docs): MFU estimates."""
+    hbm_gib: int
+    """HBM per chip in GiB: whether a model fits a slice."""
+    workload_policy: bool = False
+    """Multi-host pools take a ``WORKLOAD_POLICY_TYPE`` workload policy (a
+    ``gcp.compute.ResourcePolicy`` named by ``placement_policy.policy_name``) instead of
+    COMPACT placement with ``tpu_topology``."""
     cube_rule: bool = False
     """3D generations: beyond ``multi_host``, every ``AxBxC`` with A<=B<=C multiples of 4."""
     aliases: tuple[str, ...] = ()
@@ -126,6 +143,8 @@ _GENERATIONS: tuple[Generation, ...] = (
         single_host=(("2x2x1", 4),),
         multi_host=("2x2x2", "2x2x4", "2x4x4"),
         max_chips=4096,
+        peak_bf16_tflops=275,
+        hbm_gib=32,
         cube_rule=True,
     ),
     Generation(
@@ -139,6 +158,8 @@ _GENERATIONS: tuple[Generation, ...] = (
         single_host=(("1x1", 1), ("2x2", 4), ("2x4", 8)),
         multi_host=("2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
         max_chips=256,
+        peak_bf16_tflops=197,
+        hbm_gib=16,
         aliases=("v5litepod", "v5lite"),
     ),
     Generation(
@@ -152,6 +173,8 @@ _GENERATIONS: tuple[Generation, ...] = (
         single_host=(("2x2x1", 4),),
         multi_host=("2x2x2", "2x2x4", "2x4x4"),
         max_chips=6144,
+        peak_bf16_tflops=459,
+        hbm_gib=95,
         cube_rule=True,
     ),
     Generation(
@@ -165,6 +188,8 @@ _GENERATIONS: tuple[Generation, ...] = (
         single_host=(("1x1", 1), ("2x2", 4), ("2x4", 8)),
         multi_host=("2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
         max_chips=256,
+        peak_bf16_tflops=918,
+        hbm_gib=32,
     ),
     Generation(
         name="tpu7x",
@@ -188,6 +213,9 @@ _GENERATIONS: tuple[Generation, ...] = (
             "8x16x16",
         ),
         max_chips=2048,
+        peak_bf16_tflops=2307,
+        hbm_gib=192,
+        workload_policy=True,
         aliases=("v7x", "ironwood"),
     ),
 )
@@ -263,6 +291,22 @@ class SliceShape:
         return self.generation.machine_type(self.chips_per_host)
 
     @property
+    def uses_workload_policy(self) -> bool:
+        """Whether this slice's node pool is placed by a workload policy (tpu7x multi-host)."""
+        return self.multi_host and self.generation.workload_policy
+
+    def workers(self, tpu_per_worker: int | None = None) -> int:
+        """Workers (placement bundles) per slice when each asks for ``tpu_per_worker`` chips.
+
+        Defaults to one worker per host. Ray's own arithmetic (``ray.util.tpu``): chips divided by
+        chips per worker, at least one.
+        """
+        tpu = int(tpu_per_worker or self.chips_per_host)
+        if tpu < 1:
+            raise CatalogError("tpuPerWorker", tpu_per_worker, "an integer >= 1")
+        return max(1, self.chips // tpu)
+
+    @property
     def gke_accelerator(self) -> str:
         return self.generation.gke_accelerator
 
@@ -331,7 +375,7 @@ def _allowed_chips_per_host(gen: Generation, topology: str) -> tuple[int, ...]:
     if not multi and gen.cube_rule and list(dims) == sorted(dims):
         multi = all(d % 4 == 0 for d in dims) and math.prod(dims) <= gen.max_chips
     if multi:
-        allowed.extend(c for c in gen.chips_per_host_options if c == 4)
+        allowed.extend(c for c in gen.chips_per_host_options if c == MULTI_HOST_CHIPS_PER_HOST)
     return tuple(dict.fromkeys(allowed))
 
 

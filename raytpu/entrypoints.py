@@ -7,24 +7,32 @@ on the head and starts the work on the TPU worker hosts (Ray Train's JaxTrainer 
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Sequence
+from pathlib import Path
 
-from raytpu.catalog import SliceShape
+from raytpu.catalog import MULTI_HOST_CHIPS_PER_HOST, SliceShape
 
-TRAIN_MODULE = "workloads.train"
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+WORKER_EXCLUDED_DEPENDENCIES = ("ray", "pulumi")
+"""Requirements never put in a worker image or runtime env: Ray is the image's own, Pulumi runs
+on your laptop."""
+
+TRAIN_COMMAND = ("python", "-m", "raytpu_cli", "train")
+"""The training driver: ``raytpu train`` (:mod:`raytpu_cli.train`), which the worker image ships."""
 SERVE_IMPORT_PATH = "workloads.serve:app"
 SERVE_TPU_ENV = "RAYTPU_SERVE_TPU_PER_REPLICA"
 """TPU chips each Serve replica of ``workloads.serve:app`` requests: the serving host's chips."""
+SERVE_TPU_DEFAULT = MULTI_HOST_CHIPS_PER_HOST
+"""Chips per replica when :data:`SERVE_TPU_ENV` is unset: a 4-chip host, which every generation has."""
 CHECKPOINT_ENV = "RAYTPU_CHECKPOINT_DIR"
 """Where ``workloads.serve:app`` finds the training checkpoints (``gs://...`` on GKE)."""
 
 
 def train_command(shape: SliceShape, num_slices: int, extra: Sequence[str] = ()) -> list[str]:
-    """``python -m workloads.train`` sized to ``num_slices`` slices of ``shape`` (argv list)."""
+    """``raytpu train`` sized to ``num_slices`` slices of ``shape`` (argv list)."""
     return [
-        "python",
-        "-m",
-        TRAIN_MODULE,
+        *TRAIN_COMMAND,
         "--generation",
         shape.generation.name,
         "--topology",
@@ -58,3 +66,24 @@ def serve_env(shape: SliceShape) -> dict[str, str]:
     """Environment ``workloads.serve:app`` needs on a slice of ``shape``: one replica per host,
     requesting all of that host's chips."""
     return {SERVE_TPU_ENV: str(shape.chips_per_host)}
+
+
+def worker_requirements(pyproject: Path = _REPO_ROOT / "pyproject.toml") -> list[str]:
+    """Pinned packages for a stock Ray image: the project's dependencies and its ``tpu`` extra
+    (``jax[tpu]``), without Ray itself and Pulumi."""
+    with pyproject.open("rb") as handle:
+        project = tomllib.load(handle)["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["tpu"]]
+
+    def name(requirement: str) -> str:
+        for stop in "[<>=!~ ;":
+            requirement = requirement.split(stop, 1)[0]
+        return requirement.strip().lower()
+
+    return [
+        r
+        for r in wanted
+        if not any(
+            name(r) == x or name(r).startswith(x + "-") for x in WORKER_EXCLUDED_DEPENDENCIES
+        )
+    ]

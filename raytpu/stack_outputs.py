@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from raytpu import catalog
+from raytpu.ray_names import DASHBOARD_PORT, SERVE_PORT
 
 __all__ = [
     "DEFAULT_DASHBOARD_PORT",
+    "SERVE_PORT",
     "RayHead",
     "SliceOutput",
     "StackNotDeployedError",
@@ -43,10 +45,8 @@ __all__ = [
     "read_outputs_file",
 ]
 
-DEFAULT_DASHBOARD_PORT = 8265
+DEFAULT_DASHBOARD_PORT = DASHBOARD_PORT
 """Ray dashboard / Job Submission API port on the head."""
-SERVE_PORT = 8000
-"""Ray Serve HTTP proxy port."""
 PULUMI_TIMEOUT_S = 120.0
 
 

@@ -38,7 +38,7 @@ def node_pool_props(
         "nodeLocations": [ZONE],
     }
     if shape.multi_host:
-        if gen == "tpu7x":
+        if shape.uses_workload_policy:
             props["placementPolicy"] = {"policyName": workload_policy}
         else:
             props["placementPolicy"] = {"type": "COMPACT", "tpuTopology": shape.topology}
@@ -123,7 +123,7 @@ def ray_object(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
             "rayClusterConfig": spec,
         }
     elif kind == "RayJob":
-        body = {"entrypoint": "python -m workloads.train", "rayClusterSpec": spec}
+        body = {"entrypoint": "python -m raytpu_cli train", "rayClusterSpec": spec}
     else:
         raise ValueError(f"kind: {kind!r} is not valid; valid: RayCluster, RayService, RayJob")
     return {

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from raytpu import catalog
-from raytpu.cli import main
+from raytpu_cli.main import main
 
 # (generation, topology, machine type or None, hosts, chips, chips/host, pod type, multi-host)
 VALID = [

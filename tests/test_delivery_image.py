@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raytpu import submit
+from raytpu import entrypoints
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = (REPO / "Dockerfile").read_text()
@@ -54,7 +54,7 @@ def test_runs_as_a_non_root_user() -> None:
 def test_installs_the_tpu_extra_without_ray_or_pulumi() -> None:
     (install,) = [r for r in _instructions("RUN") if "worker_requirements" in r]
     assert "pip install --no-cache-dir -r /tmp/worker-requirements.txt" in install
-    requirements = submit.worker_requirements()
+    requirements = entrypoints.worker_requirements()
     assert any(r.startswith("jax[tpu]") for r in requirements)
     assert not any(r.startswith(("ray", "pulumi")) for r in requirements)
 
@@ -68,4 +68,4 @@ def test_copied_sources_exist_and_the_context_is_an_allowlist() -> None:
     rules = [line for line in ignore if line and not line.startswith("#")]
     assert rules[0] == "*"
     allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", "raytpu", "workloads"}
+    assert allowed == {"pyproject.toml", "README.md", "raytpu", "raytpu_cli", "workloads"}

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from raytpu import cli, submit
+from raytpu import entrypoints
 from raytpu.stack_outputs import (
     StackNotDeployedError,
     StackOutputsError,
@@ -18,6 +18,8 @@ from raytpu.stack_outputs import (
     parse_outputs,
     read_outputs_file,
 )
+from raytpu_cli import jobs
+from raytpu_cli import main as cli
 
 
 @pytest.fixture
@@ -199,7 +201,7 @@ CHOICES = [
     ("kwargs", "expected"), [c[1:] for c in CHOICES], ids=[c[0] for c in CHOICES]
 )
 def test_choose_head(good: dict[str, Any], kwargs: dict[str, Any], expected: str) -> None:
-    assert submit.choose_head(parse_outputs(good, "prod"), **kwargs).name == expected
+    assert jobs.choose_head(parse_outputs(good, "prod"), **kwargs).name == expected
 
 
 CHOICE_ERRORS = [
@@ -216,7 +218,7 @@ CHOICE_ERRORS = [
 )
 def test_choose_head_errors(good: dict[str, Any], kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(StackOutputsError) as error:
-        submit.choose_head(parse_outputs(good, "prod"), **kwargs)
+        jobs.choose_head(parse_outputs(good, "prod"), **kwargs)
     assert message in str(error.value)
 
 
@@ -294,10 +296,10 @@ def test_pulumi_not_installed() -> None:
 
 def test_train_entrypoint_is_sized_from_the_catalog(good: dict[str, Any], tmp_path: Path) -> None:
     outputs = parse_outputs(good, "prod")
-    request = submit.build_request(
+    request = jobs.build_request(
         ["train", "--steps", "5"], outputs, outputs.ray_cluster("train"), tmp_path
     )
-    assert request.entrypoint.startswith("python -m workloads.train")
+    assert request.entrypoint.startswith("python -m raytpu_cli train")
     assert "--topology 4x4" in request.entrypoint
     assert "--machine-type ct6e-standard-4t" in request.entrypoint
     assert "--num-slices 2" in request.entrypoint
@@ -312,13 +314,13 @@ def test_train_uses_the_cluster_replicas_when_the_stack_exports_them(
     good["rayClusters"]["train"]["replicas"] = 1.0  # one of the two train-a slices
     outputs = parse_outputs(good, "prod")
     head = outputs.ray_cluster("train")
-    request = submit.build_request(["train"], outputs, head, tmp_path)
+    request = jobs.build_request(["train"], outputs, head, tmp_path)
     assert head.replicas == 1
     assert "--num-slices 1" in request.entrypoint
 
 
 def test_pip_runtime_env_pins_jax_tpu_and_leaves_out_ray_and_pulumi() -> None:
-    packages = submit.worker_requirements()
+    packages = entrypoints.worker_requirements()
     assert any(p.startswith("jax[tpu]") for p in packages)
     assert not any(p.startswith(("ray", "pulumi")) for p in packages)
     assert all(any(op in p for op in ("==", ">=", "<")) for p in packages), packages
@@ -352,7 +354,7 @@ def test_bad_input_exits_2_before_contacting_anything(
 
 def test_env_and_serve_variables(good: dict[str, Any], tmp_path: Path) -> None:
     outputs = parse_outputs(good, "prod")
-    request = submit.build_request(
+    request = jobs.build_request(
         ["serve"],
         outputs,
         outputs.ray_cluster("big"),
@@ -369,7 +371,7 @@ def test_env_and_serve_variables(good: dict[str, Any], tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("job", "raw", "workload", "entrypoint"),
     [
-        (["train", "--steps", "3"], False, "train", "python -m workloads.train --generation v6e"),
+        (["train", "--steps", "3"], False, "train", "python -m raytpu_cli train --generation v6e"),
         (["serve"], False, "serve", "serve run --non-blocking workloads.serve:app"),
         (
             ["serve", "start", "--http-port", "8001"],
@@ -385,6 +387,6 @@ def test_job_words_become_the_entrypoint(
     good: dict[str, Any], tmp_path: Path, job: list[str], raw: bool, workload: str, entrypoint: str
 ) -> None:
     outputs = parse_outputs(good, "prod")
-    request = submit.build_request(job, outputs, outputs.ray_cluster("train"), tmp_path, raw=raw)
+    request = jobs.build_request(job, outputs, outputs.ray_cluster("train"), tmp_path, raw=raw)
     assert request.workload == workload
     assert request.entrypoint.startswith(entrypoint)

@@ -81,7 +81,7 @@ def test_ray_job_spec_fields(dev_raw: dict[str, Any]) -> None:
     limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["google.com/tpu"] == "4"
     argv = shlex.split(spec["entrypoint"])
-    assert argv[:3] == ["python", "-m", "workloads.train"]
+    assert argv[:4] == ["python", "-m", "raytpu_cli", "train"]
     assert argv[argv.index("--topology") + 1] == "2x4"
     assert argv[argv.index("--machine-type") + 1] == "ct6e-standard-4t"
     assert argv[argv.index("--num-slices") + 1] == "1"
@@ -97,7 +97,7 @@ def test_an_explicit_entrypoint_is_kept(
 ) -> None:
     job = dev_raw["ray-tpu:rayJobs"][0]
     del job["args"]
-    job["entrypoint"] = "python -m raytpu.cli catalog v6e 2x4 --machine-type ct6e-standard-4t"
+    job["entrypoint"] = "python -m raytpu_cli catalog v6e 2x4 --machine-type ct6e-standard-4t"
     stack = parse_config(dev_raw)
     spec = rayjob_spec.ray_job_spec(stack, stack.ray_jobs[0])
     assert spec["entrypoint"] == job["entrypoint"]

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from delivery_ray_nodes import free_ports, local_ray
 
-from raytpu import cli, submit
 from raytpu.stack_outputs import parse_outputs
+from raytpu_cli import jobs
+from raytpu_cli import main as cli
 
 JOB_TIMEOUT_S = 240.0
 
@@ -100,7 +101,7 @@ def test_submit_runs_project_code_on_a_real_ray_head(
             "--",
             "sh",
             "-c",
-            "python -m raytpu.cli catalog v6e 2x4 --machine-type ct6e-standard-4t --json"
+            "python -m raytpu_cli catalog v6e 2x4 --machine-type ct6e-standard-4t --json"
             ' && echo "slice=$RAYTPU_SLICE topology=$RAYTPU_TOPOLOGY mark=$MARK"',
         ]
     )
@@ -120,14 +121,14 @@ def test_submit_reports_a_failing_job(ray_head: str, outputs_file: Path) -> None
     outputs = parse_outputs(json.loads(outputs_file.read_text()), "dev")
     head = outputs.ray_cluster("train")
     with tempfile.TemporaryDirectory() as tmp:
-        working_dir = submit.stage_working_dir(Path(tmp))
-        request = submit.build_request(
+        working_dir = jobs.stage_working_dir(Path(tmp))
+        request = jobs.build_request(
             ["python", "-c", "import raytpu.catalog as c; c.shape('v6e', '4x5')"],
             outputs,
             head,
             working_dir,
         )
-        result = submit.submit(ray_head, head, request, wait=True, timeout_s=JOB_TIMEOUT_S)
+        result = jobs.submit(ray_head, head, request, wait=True, timeout_s=JOB_TIMEOUT_S)
     assert result.status == "FAILED"
     assert not result.succeeded
     assert "'4x5' is not valid" in result.logs

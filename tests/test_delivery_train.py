@@ -19,7 +19,8 @@ import pytest
 import requests
 from delivery_ray_nodes import LocalRay, free_ports, local_ray
 
-from raytpu import catalog, cli
+from raytpu import catalog
+from raytpu_cli import main as cli
 from workloads.local_cluster import host_specs
 
 SHAPE = catalog.shape("v6e", "2x4", machine_type="ct6e-standard-4t")

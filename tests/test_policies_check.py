@@ -10,7 +10,7 @@ import yaml
 from policies_factories import cluster_spec, edit, node_pool_props, ray_object, tpu_group
 
 from raytpu import catalog, crds
-from raytpu.cli import main
+from raytpu_cli.main import main
 
 SAMPLES = sorted((crds.crds_dir().parent / "samples").glob("*.yaml"))
 UNKNOWN_NUMBER = "3eeb2bf0-c639-47a8-9e75-3b44932eb421"

@@ -16,7 +16,7 @@ import yaml
 from infra import offline
 from infra.config import parse_config, project_root
 from policies.pack import evaluate
-from raytpu.cli import main
+from raytpu_cli.main import main
 
 STACKS = ["dev", "prod"]
 

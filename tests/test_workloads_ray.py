@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from raytpu.catalog import SliceShape, shape
-from workloads.commands.common import post_json
+from raytpu_cli.common import post_json
 from workloads.local_cluster import LocalSliceCluster, free_port
 from workloads.reservation import SliceReservationError, reserve_slices
 

@@ -34,16 +34,18 @@ from types import FrameType
 from typing import Any, Protocol
 
 from raytpu.catalog import SliceShape
+from raytpu.ray_names import (
+    LABEL_ACCELERATOR_TYPE,
+    LABEL_POD_TYPE,
+    LABEL_SLICE_NAME,
+    LABEL_TOPOLOGY,
+    LABEL_WORKER_ID,
+)
 
 logger = logging.getLogger(__name__)
 
 # Ray's node label keys (ray._raylet.RAY_NODE_TPU_*_KEY); spelled out so that building the specs
 # does not import Ray.
-LABEL_SLICE_NAME = "ray.io/tpu-slice-name"
-LABEL_WORKER_ID = "ray.io/tpu-worker-id"
-LABEL_POD_TYPE = "ray.io/tpu-pod-type"
-LABEL_TOPOLOGY = "ray.io/tpu-topology"
-LABEL_ACCELERATOR_TYPE = "ray.io/accelerator-type"
 
 DEFAULT_START_TIMEOUT_S = 120.0
 """Bound on bringing up all nodes (the 2-core machine needs ~5 s per node)."""

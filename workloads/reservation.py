@@ -27,15 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from raytpu.catalog import SliceShape
+from raytpu.ray_names import LABEL_POD_TYPE, LABEL_SLICE_NAME, LABEL_TOPOLOGY, LABEL_WORKER_ID
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
-
-LABEL_SLICE_NAME = "ray.io/tpu-slice-name"
-LABEL_WORKER_ID = "ray.io/tpu-worker-id"
-LABEL_POD_TYPE = "ray.io/tpu-pod-type"
-LABEL_TOPOLOGY = "ray.io/tpu-topology"
 
 
 class SliceReservationError(RuntimeError):
@@ -183,7 +179,7 @@ def reserve_slices(
                 chips_per_vm=shape.chips_per_host,
                 head_reservation_timeout_s=timeout_s,
                 bundle_label_selector=[
-                    dict(selector) for _ in range(_bundles(shape, tpu) * num_slices)
+                    dict(selector) for _ in range(shape.workers(tpu) * num_slices)
                 ],
                 name=name,
             )
@@ -251,11 +247,6 @@ def reserve_slices(
     finally:
         _shutdown(spg)
         logger.info("slice reservation released: %s", ", ".join(reservation.slice_names))
-
-
-def _bundles(shape: SliceShape, tpu_per_bundle: int) -> int:
-    """Bundles per slice for ``tpu_per_bundle`` TPU each (Ray's own arithmetic)."""
-    return max(1, shape.chips // tpu_per_bundle)
 
 
 def _shutdown(spg: Any) -> None:

@@ -26,9 +26,10 @@ from typing import Any
 
 from ray import serve
 
-from raytpu.catalog import SliceShape
-from raytpu.entrypoints import CHECKPOINT_ENV
+from raytpu.catalog import RAY_TPU_REQUEST_SIZES, SliceShape
+from raytpu.entrypoints import CHECKPOINT_ENV, SERVE_TPU_DEFAULT
 from raytpu.entrypoints import SERVE_TPU_ENV as TPU_ENV
+from raytpu.ray_names import LABEL_POD_TYPE, LABEL_TOPOLOGY
 
 MAX_PROMPT_CHARS = 1000
 MAX_NEW_TOKENS = 256
@@ -193,14 +194,14 @@ def build_app(
             f"serve slice: {shape.name} is not valid; valid: a single-host shape "
             "(one replica runs on one TPU host)"
         )
-    tpu = tpu_per_replica if tpu_per_replica is not None else (shape.chips_per_host if shape else 4)
+    tpu = tpu_per_replica or (shape.chips_per_host if shape else SERVE_TPU_DEFAULT)
     actor_options: dict[str, Any] = {"resources": {"TPU": tpu}, "num_cpus": 0}
     if shape is not None:
         # Only hosts of the serving slice's shape: in a cluster that also has training slices
         # of the same chip count, TPU alone would not keep replicas off them.
         actor_options["label_selector"] = {
-            "ray.io/tpu-pod-type": shape.pod_type,
-            "ray.io/tpu-topology": shape.topology,
+            LABEL_POD_TYPE: shape.pod_type,
+            LABEL_TOPOLOGY: shape.topology,
         }
     return TextGenerator.options(num_replicas=num_replicas, ray_actor_options=actor_options).bind(
         checkpoint_dir
@@ -208,9 +209,10 @@ def build_app(
 
 
 def _app_from_env() -> Any:
-    tpu = os.environ.get(TPU_ENV, "4")
-    if not tpu.isdigit() or int(tpu) not in (1, 2, 4, 8):
-        raise ValueError(f"{TPU_ENV}: {tpu!r} is not valid; valid: 1, 2, 4, 8")
+    tpu = os.environ.get(TPU_ENV, str(SERVE_TPU_DEFAULT))
+    if not tpu.isdigit() or int(tpu) not in RAY_TPU_REQUEST_SIZES:
+        valid = ", ".join(str(n) for n in RAY_TPU_REQUEST_SIZES)
+        raise ValueError(f"{TPU_ENV}: {tpu!r} is not valid; valid: {valid}")
     return build_app(
         os.environ.get(CHECKPOINT_ENV, DEFAULT_CHECKPOINT_DIR), tpu_per_replica=int(tpu)
     )

@@ -12,16 +12,14 @@ Glossary (Ray's words):
   the simulation) written every ``checkpoint_every`` steps by all workers together; a new run
   resumes from the latest step in it.
 
-The driver never imports jax: the worker function does. ``python -m workloads.train --help``.
+The driver never imports jax: the worker function does. ``python -m raytpu_cli train --help``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -322,7 +320,7 @@ def run_training(
 
     run.validate(shape, num_slices)
     tpu = int(tpu_per_worker or shape.chips_per_host)
-    num_workers = (shape.chips // tpu) * num_slices
+    num_workers = shape.workers(tpu) * num_slices
     try:
         with reserve_slices(
             shape, num_slices, timeout_s=reserve_timeout_s, tpu_per_bundle=tpu
@@ -381,16 +379,3 @@ def run_training(
         placement_wait_s=placement_wait,
         slice_names=slice_names,
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m workloads.train``: the same as ``raytpu train``."""
-    from workloads.commands import train as command
-
-    parser = argparse.ArgumentParser(prog="python -m workloads.train", description=__doc__)
-    command.add_arguments(parser)
-    return command.run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,9 +14,10 @@ from typing import Any
 
 from policies.model import cluster_spec
 from policies.values import as_int, as_list, get, is_unknown
+from raytpu.ray_names import PRIVATE_HEAD_PORT_NAMES, PRIVATE_HEAD_PORTS
 
-RAY_HEAD_PORTS = {8265: "dashboard / job API", 10001: "Ray client", 6379: "GCS"}
-RAY_HEAD_PORT_NAMES = {"dashboard": 8265, "client": 10001, "gcs": 6379, "gcs-server": 6379}
+RAY_HEAD_PORTS = PRIVATE_HEAD_PORTS
+RAY_HEAD_PORT_NAMES = PRIVATE_HEAD_PORT_NAMES
 INTERNAL_INGRESS_CLASSES = frozenset({"gce-internal"})
 _FIX = "use kubectl port-forward or an authenticating proxy (IAP) instead"
 

@@ -16,9 +16,6 @@ from policies.model import NodePool, node_pool
 from policies.values import as_int, as_list, as_map, is_unknown
 from raytpu import catalog
 
-WORKLOAD_POLICY_GENERATIONS = frozenset({"tpu7x"})
-"""Generations whose multi-host pools take a workload policy instead of COMPACT + tpuTopology."""
-
 
 @functools.cache
 def _known_machines() -> dict[str, catalog.Generation]:
@@ -48,11 +45,7 @@ def check_node_pool(props: Mapping[str, Any]) -> list[str]:
     if is_unknown(pool.topology):
         return []
     gen = machines[machine]
-    if (
-        gen.name in WORKLOAD_POLICY_GENERATIONS
-        and pool.topology is None
-        and pool.policy_name is not None
-    ):
+    if gen.workload_policy and pool.topology is None and pool.policy_name is not None:
         # The topology lives in the workload policy: the stack rule resolves it.
         return _location_violations(pool, hosts=None, label=f"{gen.name} workload-policy pool")
     return check_pool_shape(pool)
@@ -79,13 +72,13 @@ def check_pool_shape(pool: NodePool, topology: Any = None, source: str = "") -> 
             return [_single_host_topology(pool, shape)]
         return []
     violations: list[str] = []
-    uses_workload_policy = shape.generation.name in WORKLOAD_POLICY_GENERATIONS
+    uses_workload_policy = shape.uses_workload_policy
     if uses_workload_policy:
         if pool.policy_name is None:
             violations.append(
                 f"placementPolicy.policyName: not set; a multi-host {shape.name} pool needs a "
                 f"workload policy (gcp.compute.ResourcePolicy with workloadPolicy type "
-                f"HIGH_THROUGHPUT, acceleratorTopology {shape.topology!r}) named here"
+                f"{catalog.WORKLOAD_POLICY_TYPE}, acceleratorTopology {shape.topology!r}) named here"
             )
     else:
         if pool.placement_type is not None and not is_unknown(pool.placement_type):
@@ -107,7 +100,9 @@ def check_pool_shape(pool: NodePool, topology: Any = None, source: str = "") -> 
 def _single_host_topology(pool: NodePool, shape: catalog.SliceShape) -> str:
     hint = ""
     try:
-        multi = catalog.shape(shape.generation.name, shape.topology, chips_per_host=4)
+        multi = catalog.shape(
+            shape.generation.name, shape.topology, chips_per_host=catalog.MULTI_HOST_CHIPS_PER_HOST
+        )
         if multi.multi_host and multi.machine_type != pool.machine_type:
             hint = (
                 f"; for a {multi.hosts}-host {shape.topology} slice use machine type "
@@ -198,4 +193,4 @@ def _location_violations(pool: NodePool, hosts: int | None, label: str) -> list[
     return []
 
 
-__all__ = ["WORKLOAD_POLICY_GENERATIONS", "check_node_pool", "check_pool_shape"]
+__all__ = ["check_node_pool", "check_pool_shape"]

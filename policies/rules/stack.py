@@ -28,7 +28,7 @@ from policies.model import (
     tpu_resources,
     worker_groups,
 )
-from policies.rules.node_pool import WORKLOAD_POLICY_GENERATIONS, check_pool_shape
+from policies.rules.node_pool import check_pool_shape
 from policies.values import as_int, as_map, get, is_unknown
 from raytpu import catalog
 
@@ -70,7 +70,7 @@ def pool_slices(resource: ResourceLike, policies: Sequence[ResourceLike] = ()) -
         gen = catalog.shape_from_machine_type(pool.machine_type, None).generation
     except catalog.CatalogError:
         return None
-    if topology is None and gen.name in WORKLOAD_POLICY_GENERATIONS:
+    if topology is None and gen.workload_policy:
         topology = _workload_topology(pool, policies)
     if is_unknown(topology):
         return None
@@ -172,7 +172,7 @@ def check_workload_policies(resources: Sequence[ResourceLike]) -> list[str]:
             gen = catalog.shape_from_machine_type(pool.machine_type, None).generation
         except catalog.CatalogError:
             continue
-        if gen.name not in WORKLOAD_POLICY_GENERATIONS or pool.topology is not None:
+        if not gen.workload_policy or pool.topology is not None:
             continue
         if not isinstance(pool.policy_name, str):
             continue

@@ -13,13 +13,13 @@ import sys
 
 # name -> (module, one-line help). Add a command by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "catalog": ("raytpu.catalog_cmd", "print TPU slice shapes (the one catalog)"),
-    "check": ("raytpu.check", "check manifests / Pulumi stack files against the policy pack"),
-    "preview": ("raytpu.preview", "run a stack offline under mocks and apply the policy pack"),
-    "submit": ("raytpu.submit", "submit train/serve/any job to a stack's Ray cluster"),
-    "demo": ("workloads.commands.demo", "train and serve on a simulated TPU slice cluster"),
-    "train": ("workloads.commands.train", "train the LM on a stack's TPU slice (JaxTrainer)"),
-    "serve": ("workloads.commands.serve", "serve the latest checkpoint with Ray Serve"),
+    "catalog": ("raytpu_cli.catalog", "print TPU slice shapes (the one catalog)"),
+    "check": ("raytpu_cli.check", "check manifests / Pulumi stack files against the policy pack"),
+    "preview": ("raytpu_cli.preview", "run a stack offline under mocks and apply the policy pack"),
+    "submit": ("raytpu_cli.submit", "submit train/serve/any job to a stack's Ray cluster"),
+    "demo": ("raytpu_cli.demo", "train and serve on a simulated TPU slice cluster"),
+    "train": ("raytpu_cli.train", "train the LM on a stack's TPU slice (JaxTrainer)"),
+    "serve": ("raytpu_cli.serve", "serve the latest checkpoint with Ray Serve"),
 }
 
 

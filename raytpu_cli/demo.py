@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from raytpu.table import format_table
-from workloads.commands.common import SliceChoice, UsageError, describe_hosts, post_json
+from raytpu_cli.common import SliceChoice, UsageError, describe_hosts, post_json
 
 PROMPTS = (
     "The old teacher",

@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from workloads.commands.common import (
+from raytpu_cli.common import (
     DEFAULT_CHECKPOINT_DIR,
     UsageError,
     add_slice_arguments,

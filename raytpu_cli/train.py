@@ -3,7 +3,7 @@
 Examples:
   raytpu train --stack dev --slice train --local --steps 60
   raytpu train --stack dev --slice train --address ray://ray-head:10001 --checkpoint-dir gs://b/ck
-  python -m workloads.train --generation v6e --topology 2x4 --machine-type ct6e-standard-4t
+  python -m raytpu_cli train --generation v6e --topology 2x4 --machine-type ct6e-standard-4t
 
 Without --local or --address it joins the Ray cluster it runs in (inside a RayJob).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from workloads.commands.common import (
+from raytpu_cli.common import (
     DEFAULT_CHECKPOINT_DIR,
     UsageError,
     add_slice_arguments,

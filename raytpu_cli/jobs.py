@@ -1,10 +1,10 @@
-"""Submit a workload to the Ray cluster that ``pulumi up`` made, through Ray's Job Submission API.
+"""Submitting a workload to the Ray cluster that ``pulumi up`` made, through Ray's Job Submission API.
 
 Examples:
   kubectl port-forward svc/train-head-svc 8265:8265 -n ray     # in another terminal
   raytpu submit --stack dev train --steps 100
   raytpu submit --stack dev --outputs dev-outputs.json --no-wait train
-  raytpu submit --stack dev --cluster train -- python -m raytpu.cli catalog v6e 2x4 --json
+  raytpu submit --stack dev --cluster train -- python -m raytpu_cli catalog v6e 2x4 --json
   raytpu submit --stack dev --cluster train serve
 
 The stack outputs (``pulumi stack output --json --stack STACK``, or a saved copy given with
@@ -20,7 +20,7 @@ Glossary (Ray's words):
   By default the packages come from the worker image (see the Dockerfile), so a job starts in
   seconds instead of installing libtpu on every host.
 - **submission id**: the job id this command prints; ``ray job logs/stop --address ... ID``.
-- **train**: ``python -m workloads.train`` sized to the cluster's slice from the stack.
+- **train**: ``python -m raytpu_cli train`` sized to the cluster's slice from the stack.
 - **serve**: deploys ``workloads.serve:app`` on a RayCluster with ``serve run --non-blocking`` in a
   job (Serve keeps it running after the job ends). A RayService already serves that app from its
   ``serveConfigV2``: change it with ``pulumi up``, not with a job.
@@ -28,14 +28,10 @@ Glossary (Ray's words):
 
 from __future__ import annotations
 
-import argparse
 import secrets
 import shlex
 import shutil
-import sys
-import tempfile
 import time
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,11 +44,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ADDRESS = f"http://127.0.0.1:{stack_outputs.DEFAULT_DASHBOARD_PORT}"
 WORKLOADS = ("train", "serve")
 SERVE_IMPORT_PATH = entrypoints.SERVE_IMPORT_PATH
-WORKING_DIR_PACKAGES = ("workloads", "raytpu")
+WORKING_DIR_PACKAGES = ("workloads", "raytpu", "raytpu_cli")
 """Packages shipped in the job's ``working_dir`` (the job's cwd, first on its ``sys.path``)."""
 WORKING_DIR_IGNORE = ("__pycache__", "*.pyc", "*.egg-info")
-WORKER_EXCLUDED_DEPENDENCIES = ("ray", "pulumi")
-"""Requirements never put in a runtime env: Ray is the image's own, Pulumi runs on your laptop."""
 HEAD_CHECK_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 120.0
 DEFAULT_JOB_TIMEOUT_S = 3600.0
@@ -246,27 +240,6 @@ def _client(address: str, request_timeout_s: float) -> Any:
 # --- the job ----------------------------------------------------------------------------------
 
 
-def worker_requirements(pyproject: Path = REPO_ROOT / "pyproject.toml") -> list[str]:
-    """Pinned packages for a stock Ray image: the project's dependencies and its ``tpu`` extra
-    (``jax[tpu]``), without Ray itself and Pulumi."""
-    with pyproject.open("rb") as handle:
-        project = tomllib.load(handle)["project"]
-    wanted = [*project["dependencies"], *project["optional-dependencies"]["tpu"]]
-
-    def name(requirement: str) -> str:
-        for stop in "[<>=!~ ;":
-            requirement = requirement.split(stop, 1)[0]
-        return requirement.strip().lower()
-
-    return [
-        r
-        for r in wanted
-        if not any(
-            name(r) == x or name(r).startswith(x + "-") for x in WORKER_EXCLUDED_DEPENDENCIES
-        )
-    ]
-
-
 def stage_working_dir(destination: Path, repo_root: Path = REPO_ROOT) -> Path:
     """Copy the packages a job imports into ``destination`` (the job's ``working_dir``)."""
     for package in WORKING_DIR_PACKAGES:
@@ -286,12 +259,12 @@ def runtime_env(working_dir: Path, *, pip: bool, env_vars: Mapping[str, str]) ->
     """The job's runtime environment (Ray's ``runtime_env`` dict)."""
     env: dict[str, Any] = {"working_dir": str(working_dir), "env_vars": dict(env_vars)}
     if pip:
-        env["pip"] = {"packages": worker_requirements(), "pip_check": False}
+        env["pip"] = {"packages": entrypoints.worker_requirements(), "pip_check": False}
     return env
 
 
 def train_entrypoint(outputs: StackOutputs, head: RayHead, extra: Sequence[str]) -> str:
-    """``python -m workloads.train`` sized to the cluster's slice (the catalog record)."""
+    """``python -m raytpu_cli train`` sized to the cluster's slice (the catalog record)."""
     slice_out = outputs.slice(head.slice)
     num_slices = head.replicas if head.replicas is not None else slice_out.count
     return shlex.join(entrypoints.train_command(slice_out.shape, num_slices, extra))
@@ -394,132 +367,3 @@ def submit(
 
 
 # --- command line -----------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--stack", required=True, help="Pulumi stack name, e.g. dev or prod")
-    parser.add_argument(
-        "--outputs",
-        type=Path,
-        help="saved `pulumi stack output --json --stack STACK` (default: run pulumi)",
-    )
-    parser.add_argument(
-        "--address",
-        default=DEFAULT_ADDRESS,
-        help=f"Ray dashboard address of the head, reached by port-forward (default {DEFAULT_ADDRESS})",
-    )
-    parser.add_argument("--cluster", help="RayCluster name in the stack (default: chosen for you)")
-    parser.add_argument("--slice", dest="slice_name", help="submit to the RayCluster on this slice")
-    parser.add_argument(
-        "--wait",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="follow the job's logs until it ends (default) or print its id and return",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_JOB_TIMEOUT_S,
-        help=f"seconds to wait for the job with --wait (default {DEFAULT_JOB_TIMEOUT_S:.0f})",
-    )
-    parser.add_argument(
-        "--pip",
-        action="store_true",
-        help="install the pinned packages and jax[tpu] in the runtime env (stock Ray image); "
-        "default: use the packages of the worker image",
-    )
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="environment variable for the job, e.g. RAYTPU_CHECKPOINT_DIR=gs://BUCKET/ckpt "
-        "(repeatable)",
-    )
-    parser.add_argument(
-        "job",
-        nargs=argparse.REMAINDER,
-        metavar="train|serve|COMMAND ...",
-        help="`train [ARGS]`, `serve [ARGS]`, or `-- COMMAND [ARGS]` for any entrypoint",
-    )
-
-
-def _load_outputs(args: argparse.Namespace) -> StackOutputs:
-    if args.outputs is not None:
-        return stack_outputs.read_outputs_file(args.outputs, args.stack)
-    return stack_outputs.fetch_outputs(args.stack, cwd=REPO_ROOT)
-
-
-def parse_env(pairs: Sequence[str]) -> dict[str, str]:
-    """``["K=V", ...]`` from ``--env``; ``ValueError`` naming the bad pair."""
-    env: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key or not key.replace("_", "a").isalnum():
-            raise ValueError(f"--env: {pair!r} is not valid; valid: KEY=VALUE, e.g. JAX_LOG=1")
-        env[key] = value
-    return env
-
-
-def run(args: argparse.Namespace) -> int:
-    job = list(args.job)
-    raw = bool(job) and job[0] == "--"
-    if raw:
-        job = job[1:]
-    if not job:
-        print(
-            "error: job: is required; valid: train [ARGS], serve [ARGS], or -- COMMAND [ARGS]",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        env = parse_env(args.env)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    workload = "command" if raw else job[0]
-    try:
-        outputs = _load_outputs(args)
-        service = serving_service(outputs, workload, args.cluster, args.slice_name)
-        if service is not None:
-            print(_service_message(service, cluster_hint=outputs))
-            return 0
-        head = choose_head(
-            outputs, workload=workload, cluster=args.cluster, slice_name=args.slice_name
-        )
-        ray_version = check_head(args.address, head)
-        with tempfile.TemporaryDirectory(prefix="raytpu-job-") as tmp:
-            working_dir = stage_working_dir(Path(tmp))
-            request = build_request(job, outputs, head, working_dir, pip=args.pip, env=env, raw=raw)
-            print(
-                f"submitting {request.workload} to {head.kind} {head.name!r} "
-                f"(slice {head.slice!r}, Ray {ray_version}) at {args.address}:\n"
-                f"  {request.entrypoint}",
-                file=sys.stderr,
-            )
-            result = submit(
-                args.address,
-                head,
-                request,
-                wait=args.wait,
-                timeout_s=args.timeout,
-                on_logs=lambda text: print(text, end="", flush=True),
-            )
-    except StackOutputsError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except SubmitError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(f"job {result.job_id}: {result.status}", file=sys.stderr)
-    if not result.waited:
-        print(
-            f"follow it: ray job logs --follow --address {args.address} {result.job_id}",
-            file=sys.stderr,
-        )
-        print(result.job_id)
-        return 0
-    if result.message and not result.succeeded:
-        print(result.message, file=sys.stderr)
-    return 0 if result.succeeded else 1

@@ -1,5 +1,0 @@
-import sys
-
-from raytpu.cli import main
-
-sys.exit(main())

@@ -1,0 +1,164 @@
+"""``raytpu submit``: submit a workload to the Ray cluster that ``pulumi up`` made.
+
+Examples:
+  kubectl port-forward svc/train-head-svc 8265:8265 -n ray     # in another terminal
+  raytpu submit --stack dev train --steps 100
+  raytpu submit --stack dev --outputs dev-outputs.json --no-wait train
+  raytpu submit --stack dev --cluster train -- python -m raytpu_cli catalog v6e 2x4 --json
+  raytpu submit --stack dev --cluster train serve
+
+How the head is chosen and what is sent: :mod:`raytpu_cli.jobs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from raytpu import stack_outputs
+from raytpu.stack_outputs import StackOutputs, StackOutputsError
+from raytpu_cli.jobs import (
+    DEFAULT_ADDRESS,
+    DEFAULT_JOB_TIMEOUT_S,
+    REPO_ROOT,
+    SubmitError,
+    _service_message,
+    build_request,
+    check_head,
+    choose_head,
+    serving_service,
+    stage_working_dir,
+    submit,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--stack", required=True, help="Pulumi stack name, e.g. dev or prod")
+    parser.add_argument(
+        "--outputs",
+        type=Path,
+        help="saved `pulumi stack output --json --stack STACK` (default: run pulumi)",
+    )
+    parser.add_argument(
+        "--address",
+        default=DEFAULT_ADDRESS,
+        help=f"Ray dashboard address of the head, reached by port-forward (default {DEFAULT_ADDRESS})",
+    )
+    parser.add_argument("--cluster", help="RayCluster name in the stack (default: chosen for you)")
+    parser.add_argument("--slice", dest="slice_name", help="submit to the RayCluster on this slice")
+    parser.add_argument(
+        "--wait",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="follow the job's logs until it ends (default) or print its id and return",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_JOB_TIMEOUT_S,
+        help=f"seconds to wait for the job with --wait (default {DEFAULT_JOB_TIMEOUT_S:.0f})",
+    )
+    parser.add_argument(
+        "--pip",
+        action="store_true",
+        help="install the pinned packages and jax[tpu] in the runtime env (stock Ray image); "
+        "default: use the packages of the worker image",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment variable for the job, e.g. RAYTPU_CHECKPOINT_DIR=gs://BUCKET/ckpt "
+        "(repeatable)",
+    )
+    parser.add_argument(
+        "job",
+        nargs=argparse.REMAINDER,
+        metavar="train|serve|COMMAND ...",
+        help="`train [ARGS]`, `serve [ARGS]`, or `-- COMMAND [ARGS]` for any entrypoint",
+    )
+
+
+def _load_outputs(args: argparse.Namespace) -> StackOutputs:
+    if args.outputs is not None:
+        return stack_outputs.read_outputs_file(args.outputs, args.stack)
+    return stack_outputs.fetch_outputs(args.stack, cwd=REPO_ROOT)
+
+
+def parse_env(pairs: Sequence[str]) -> dict[str, str]:
+    """``["K=V", ...]`` from ``--env``; ``ValueError`` naming the bad pair."""
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not key.replace("_", "a").isalnum():
+            raise ValueError(f"--env: {pair!r} is not valid; valid: KEY=VALUE, e.g. JAX_LOG=1")
+        env[key] = value
+    return env
+
+
+def run(args: argparse.Namespace) -> int:
+    job = list(args.job)
+    raw = bool(job) and job[0] == "--"
+    if raw:
+        job = job[1:]
+    if not job:
+        print(
+            "error: job: is required; valid: train [ARGS], serve [ARGS], or -- COMMAND [ARGS]",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        env = parse_env(args.env)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    workload = "command" if raw else job[0]
+    try:
+        outputs = _load_outputs(args)
+        service = serving_service(outputs, workload, args.cluster, args.slice_name)
+        if service is not None:
+            print(_service_message(service, cluster_hint=outputs))
+            return 0
+        head = choose_head(
+            outputs, workload=workload, cluster=args.cluster, slice_name=args.slice_name
+        )
+        ray_version = check_head(args.address, head)
+        with tempfile.TemporaryDirectory(prefix="raytpu-job-") as tmp:
+            working_dir = stage_working_dir(Path(tmp))
+            request = build_request(job, outputs, head, working_dir, pip=args.pip, env=env, raw=raw)
+            print(
+                f"submitting {request.workload} to {head.kind} {head.name!r} "
+                f"(slice {head.slice!r}, Ray {ray_version}) at {args.address}:\n"
+                f"  {request.entrypoint}",
+                file=sys.stderr,
+            )
+            result = submit(
+                args.address,
+                head,
+                request,
+                wait=args.wait,
+                timeout_s=args.timeout,
+                on_logs=lambda text: print(text, end="", flush=True),
+            )
+    except StackOutputsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except SubmitError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"job {result.job_id}: {result.status}", file=sys.stderr)
+    if not result.waited:
+        print(
+            f"follow it: ray job logs --follow --address {args.address} {result.job_id}",
+            file=sys.stderr,
+        )
+        print(result.job_id)
+        return 0
+    if result.message and not result.succeeded:
+        print(result.message, file=sys.stderr)
+    return 0 if result.succeeded else 1

@@ -1,1 +1,0 @@
-"""``raytpu`` subcommands owned by the workloads: ``demo``, ``train``, ``serve``."""
