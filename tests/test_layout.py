@@ -1,0 +1,239 @@
+"""The house rules: layers, no import cycles, small modules, each shape fact defined once.
+
+Layers, bottom to top: ``raytpu`` (the core) <- ``infra``, ``policies``, ``workloads`` <-
+``raytpu_cli``. The worker image ships only the core, ``workloads`` and ``raytpu_cli``: it has no
+Pulumi and no ``infra``/``policies``, so what runs there must not import them.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("raytpu", "raytpu_cli", "infra", "policies", "workloads")
+MAX_LINES = 500
+
+
+def _modules() -> dict[str, Path]:
+    """Every project module outside tests/ and bench/: dotted name -> file."""
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    found["__main__"] = REPO / "__main__.py"
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path, *, top_level_only: bool = False) -> Iterator[str]:
+    """Absolute names imported by a module (``from a import b`` yields ``a`` and ``a.b``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def _project_edges(name: str, *, top_level_only: bool = False) -> set[str]:
+    """The project modules ``name`` imports (anywhere in it, or only at module level)."""
+    edges = set()
+    for imported in _imports(MODULES[name], top_level_only=top_level_only):
+        if imported in MODULES and imported != name:
+            edges.add(imported)
+    return edges
+
+
+def _package(module: str) -> str:
+    return module.split(".")[0]
+
+
+@pytest.mark.parametrize("name", sorted(MODULES), ids=sorted(MODULES))
+def test_module_is_at_most_500_lines(name: str) -> None:
+    lines = len(MODULES[name].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{MODULES[name].relative_to(REPO)}: {lines} lines > {MAX_LINES}"
+
+
+def test_no_import_cycle() -> None:
+    graph = {name: _project_edges(name) for name in MODULES}
+    # A package __init__ is imported by its submodules implicitly; only explicit edges count.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for child in sorted(graph[node]):
+            if state.get(child) == 1:
+                cycle = [*stack[stack.index(child) :], child]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if child not in state:
+                visit(child)
+        stack.pop()
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+
+
+ALLOWED_PACKAGES = {
+    "raytpu": {"raytpu"},
+    "infra": {"raytpu", "infra"},
+    "policies": {"raytpu", "policies"},
+    "workloads": {"raytpu", "workloads"},
+    "raytpu_cli": set(PACKAGES),
+    "__main__": {"infra"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES), ids=sorted(MODULES))
+def test_imports_only_lower_layers(name: str) -> None:
+    allowed = ALLOWED_PACKAGES[_package(name)]
+    wrong = sorted(m for m in _project_edges(name) if _package(m) not in allowed)
+    assert not wrong, f"{name} imports {wrong}; {_package(name)} may import only {sorted(allowed)}"
+
+
+@pytest.mark.parametrize(
+    "name", sorted(m for m in MODULES if _package(m) == "raytpu"), ids=lambda n: n
+)
+def test_core_imports_no_framework_at_module_level(name: str) -> None:
+    forbidden = ("pulumi", "pulumi_gcp", "pulumi_kubernetes", "pulumi_policy", "ray", "jax")
+    wrong = sorted(
+        i for i in _imports(MODULES[name], top_level_only=True) if i.split(".")[0] in forbidden
+    )
+    assert not wrong, f"{name} imports {wrong} at module level"
+
+
+BLOCKER = textwrap.dedent(
+    """
+    import importlib.abc, sys
+    BLOCKED = {"infra", "policies", "pulumi", "pulumi_gcp", "pulumi_kubernetes", "pulumi_policy"}
+
+    class Blocker(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ImportError(f"{name} is not in the worker image")
+            return None
+
+    sys.meta_path.insert(0, Blocker())
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import raytpu.catalog, raytpu.ray_names, raytpu.ray_versions, raytpu.entrypoints, "
+        "raytpu.stack_outputs",
+        "import workloads.train, workloads.model, workloads.reservation, workloads.local_cluster",
+        "import workloads.serve",
+        "from raytpu_cli.main import main; sys.exit(main(['catalog', 'v6e', '4x4']))",
+    ],
+    ids=["core", "training", "serving", "raytpu-catalog-on-a-worker"],
+)
+def test_worker_image_imports_without_infra_policies_or_pulumi(code: str) -> None:
+    """What the worker image runs imports with infra, policies and Pulumi made unimportable."""
+    result = subprocess.run(
+        [sys.executable, "-c", BLOCKER + "\n" + code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_the_blocker_really_blocks() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", BLOCKER + "\nimport infra.config"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0 and "not in the worker image" in result.stderr
+
+
+def _constants(path: Path) -> Iterator[object]:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant):
+            yield node.value
+
+
+# Each shape fact or Ray name, and the one module that may spell it.
+SHAPE_FACTS = [
+    ("HIGH_THROUGHPUT", lambda v: isinstance(v, str) and "HIGH_THROUGHPUT" in v, "raytpu.catalog"),
+    ("tpu7x by name", lambda v: v == "tpu7x", "raytpu.catalog"),
+    (
+        "ray.io/tpu-* labels",
+        lambda v: isinstance(v, str) and "ray.io/tpu-" in v,
+        "raytpu.ray_names",
+    ),
+    (
+        "ray.io/accelerator-type",
+        lambda v: isinstance(v, str) and "ray.io/accelerator-type" in v,
+        "raytpu.ray_names",
+    ),
+    ("GCS port 6379", lambda v: v == 6379, "raytpu.ray_names"),
+    ("dashboard port 8265", lambda v: v == 8265, "raytpu.ray_names"),
+    ("client port 10001", lambda v: v == 10001, "raytpu.ray_names"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fact", "matches", "home"), SHAPE_FACTS, ids=[fact for fact, _, _ in SHAPE_FACTS]
+)
+def test_shape_fact_is_defined_once(fact: str, matches, home: str) -> None:
+    """Docstrings may mention a fact; code constants spell it only in its home module."""
+    spelled = sorted(
+        name
+        for name, path in MODULES.items()
+        if name != home
+        and any(
+            matches(value)
+            for value in _constants(path)
+            if not (isinstance(value, str) and "\n" in value)  # docstrings and help texts
+        )
+    )
+    assert not spelled, f"{fact} is spelled in {spelled}; import it from {home}"
+
+
+def _arithmetic_on_shapes(path: Path) -> Iterator[str]:
+    """Shape arithmetic the catalog owns: ``x.chips // n`` and ``chips_per_host=<literal>``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.FloorDiv)
+            and isinstance(node.left, ast.Attribute)
+            and node.left.attr in ("chips", "tensorcores")
+        ):
+            yield f"line {node.lineno}: .{node.left.attr} // ..."
+        if (
+            isinstance(node, ast.keyword)
+            and node.arg == "chips_per_host"
+            and isinstance(node.value, ast.Constant)
+        ):
+            yield f"line {node.lineno}: chips_per_host={node.value.value!r}"
+
+
+@pytest.mark.parametrize(
+    "name", sorted(m for m in MODULES if m != "raytpu.catalog"), ids=lambda n: n
+)
+def test_shape_arithmetic_lives_in_the_catalog(name: str) -> None:
+    found = list(_arithmetic_on_shapes(MODULES[name]))
+    assert not found, f"{name}: {found}; use SliceShape.hosts / SliceShape.workers() / the catalog"
