@@ -1,0 +1,178 @@
+"""The stack config schema: frozen dataclasses, one per section of ``Pulumi.<stack>.yaml``,
+and :class:`ConfigError`. What the rest of the program reads; built only by the parsers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any
+
+from raytpu.catalog import SliceShape
+
+NAMESPACE = "ray-tpu"
+"""Pulumi config namespace of this project (the project name in ``Pulumi.yaml``)."""
+PROVISIONING = ("on-demand", "spot", "reservation", "flex-start")
+RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE", "EXTENDED")
+MAX_SLICE_COUNT = 64
+
+
+class ConfigError(ValueError):
+    """Invalid stack configuration. ``errors`` lists every problem found, one per line:
+    ``"<key path>: <bad value> is not valid; valid: <...>"``."""
+
+    def __init__(self, errors: Iterable[str]) -> None:
+        self.errors = list(errors)
+        count = len(self.errors)
+        header = "" if count == 1 else f"{count} problems in the stack configuration:\n"
+        super().__init__(header + "\n".join(self.errors))
+
+
+@dataclass(frozen=True)
+class CpuPoolConfig:
+    """The CPU node pool: Ray head pods and system pods (TPU hosts stay for Ray workers)."""
+
+    name: str
+    machine_type: str
+    min_nodes: int
+    """Per zone."""
+    max_nodes: int
+    """Per zone."""
+    disk_size_gb: int
+    zones: tuple[str, ...]
+    """Zones of the pool (default: the zones of the slices)."""
+
+
+@dataclass(frozen=True)
+class AuthorizedNetwork:
+    cidr_block: str
+    display_name: str
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The GKE cluster."""
+
+    name: str
+    location: str
+    """A region (regional control plane) or a zone of ``gcp:region``."""
+    release_channel: str
+    min_master_version: str
+    private_nodes: bool
+    master_ipv4_cidr_block: str
+    master_authorized_networks: tuple[AuthorizedNetwork, ...]
+    deletion_protection: bool
+    network: str
+    subnetwork: str
+    node_service_account: str | None
+    cloud_nat: bool
+    """A Cloud Router + NAT so private nodes can pull public images (default: privateNodes)."""
+    cpu_pool: CpuPoolConfig
+
+
+@dataclass(frozen=True)
+class SliceConfig:
+    """``count`` identical TPU slices of one shape, one GKE node pool each."""
+
+    name: str
+    shape: SliceShape
+    zone: str
+    count: int
+    provisioning: str
+    """One of :data:`PROVISIONING`."""
+    reservation: str | None
+    """Reservation name (or ``projects/P/reservations/R``) when provisioning is ``reservation``."""
+    scale_to_zero: bool = False
+    """Whole-slice autoscaling between 0 and ``hosts`` nodes (else fixed at ``hosts``)."""
+
+    def node_pool_names(self) -> tuple[str, ...]:
+        """One GKE node pool per slice: ``<name>-0``, ``<name>-1``, ..."""
+        return tuple(f"{self.name}-{index}" for index in range(self.count))
+
+
+@dataclass(frozen=True)
+class WorkerResources:
+    """CPU and memory of one Ray pod (Kubernetes quantities); TPU chips come from the shape."""
+
+    cpu: str
+    memory: str
+
+
+@dataclass(frozen=True)
+class RayClusterConfig:
+    """A long-lived KubeRay RayCluster with one TPU worker group on ``slice``."""
+
+    name: str
+    slice: str
+    """A :class:`SliceConfig` name."""
+    replicas: int
+    """Slices the worker group starts with (each replica is one whole slice)."""
+    min_replicas: int
+    max_replicas: int
+    namespace: str
+    image: str | None
+    """Overrides ``ray-tpu:rayImage`` for this object."""
+    head: WorkerResources
+    worker: WorkerResources
+
+
+@dataclass(frozen=True)
+class RayServiceConfig(RayClusterConfig):
+    """A KubeRay RayService: a Ray Serve application on ``slice`` (its RayCluster, plus Serve)."""
+
+    import_path: str
+    """``module:attribute`` of the Serve application, e.g. ``workloads.serve:app``."""
+    application_name: str
+    route_prefix: str
+    runtime_env: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class RayJobConfig(RayClusterConfig):
+    """A KubeRay RayJob: its own RayCluster on ``slice``, one entrypoint, then shut down.
+
+    ``entrypoint`` (a shell command) replaces the default, the training workload sized to the
+    slice (:mod:`infra.rayjob_spec`); ``args`` are appended to that default instead.
+    """
+
+    entrypoint: str | None = None
+    args: tuple[str, ...] = ()
+    runtime_env: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    ttl_seconds_after_finished: int = 600
+    active_deadline_seconds: int | None = None
+
+    @property
+    def cluster(self) -> RayClusterConfig:
+        """The RayCluster the RayJob creates (its ``rayClusterSpec``)."""
+        return RayClusterConfig(**{f.name: getattr(self, f.name) for f in fields(RayClusterConfig)})
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Everything one stack declares."""
+
+    project: str
+    region: str
+    cluster: ClusterConfig
+    slices: tuple[SliceConfig, ...]
+    ray_version: str
+    ray_image: str
+    ray_clusters: tuple[RayClusterConfig, ...]
+    ray_services: tuple[RayServiceConfig, ...]
+    ray_jobs: tuple[RayJobConfig, ...] = ()
+
+    def slice(self, name: str) -> SliceConfig:
+        for candidate in self.slices:
+            if candidate.name == name:
+                return candidate
+        valid = ", ".join(s.name for s in self.slices) or "(no slices configured)"
+        raise ConfigError([f"{NAMESPACE}:slices: slice {name!r} is not valid; valid: {valid}"])
+
+    def image_for(self, obj: RayClusterConfig | RayServiceConfig | RayJobConfig) -> str:
+        return obj.image or self.ray_image
+
+    @property
+    def namespaces(self) -> tuple[str, ...]:
+        """Kubernetes namespaces the Ray objects live in, in order of first use."""
+        objs = (*self.ray_clusters, *self.ray_services, *self.ray_jobs)
+        return tuple(dict.fromkeys(o.namespace for o in objs))

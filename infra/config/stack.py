@@ -1,0 +1,230 @@
+"""A whole stack: ``parse_config`` checks every section and the rules across them; ``load_stack``
+reads ``Pulumi.<stack>.yaml`` from the project folder."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra.config.cluster import parse_cluster
+from infra.config.ray_objects import parse_ray_cluster, parse_ray_job, parse_ray_service
+from infra.config.reader import Problems, check_unique, list_of
+from infra.config.schema import (
+    NAMESPACE,
+    ConfigError,
+    RayClusterConfig,
+    RayJobConfig,
+    RayServiceConfig,
+    SliceConfig,
+    StackConfig,
+)
+from infra.config.slices import parse_slice
+from infra.config.values import (
+    DEFAULT_RAY_IMAGE,
+    FLEX_START_TPU_GKE_VERSION,
+    PROJECT_RE,
+    REGION_RE,
+    gke_version_ok,
+    image_check,
+    parse_ray_version,
+    zone_region,
+)
+
+_TOP_KEYS = (
+    "cluster",
+    "slices",
+    "rayClusters",
+    "rayServices",
+    "rayJobs",
+    "rayVersion",
+    "rayImage",
+)
+
+
+def parse_config(raw: Mapping[str, Any]) -> StackConfig:
+    """Validate the ``config:`` mapping of a ``Pulumi.<stack>.yaml`` into a :class:`StackConfig`.
+
+    Keys are namespaced like Pulumi's (``gcp:project``, ``ray-tpu:slices``). Raises
+    :class:`ConfigError` listing every problem.
+    """
+    problems = Problems()
+    if not isinstance(raw, Mapping):
+        raise ConfigError([f"config: {raw!r} is not valid; valid: a mapping of namespaced keys"])
+    for key in raw:
+        namespace, _, short = str(key).partition(":")
+        if namespace == NAMESPACE and short not in _TOP_KEYS:
+            problems.bad(
+                str(key), key, ", ".join(f"{NAMESPACE}:{k}" for k in _TOP_KEYS), "unknown key"
+            )
+
+    project = raw.get("gcp:project")
+    if not isinstance(project, str) or not PROJECT_RE.match(project):
+        problems.bad(
+            "gcp:project",
+            project,
+            "a GCP project id (6-30 chars: a-z, 0-9, '-')",
+            "pulumi config set gcp:project YOUR_PROJECT",
+        )
+        project = None
+    region = raw.get("gcp:region")
+    if not isinstance(region, str) or not REGION_RE.match(region):
+        problems.bad("gcp:region", region, "a GCP region, e.g. us-east5")
+        region = None
+
+    ray_version = parse_ray_version(problems, raw.get(f"{NAMESPACE}:rayVersion"))
+    image = raw.get(f"{NAMESPACE}:rayImage")
+    if image is None and ray_version is not None:
+        image = DEFAULT_RAY_IMAGE.format(version=ray_version)
+    if image is not None and not image_check(problems, f"{NAMESPACE}:rayImage", image, ray_version):
+        image = None
+
+    slices: list[SliceConfig] = []
+    raw_slices = list_of(
+        problems, f"{NAMESPACE}:slices", raw.get(f"{NAMESPACE}:slices"), required=True
+    )
+    for index, item in enumerate(raw_slices):
+        parsed = parse_slice(problems, index, item, region)
+        if parsed is not None:
+            slices.append(parsed)
+    check_unique(
+        problems,
+        f"{NAMESPACE}:slices",
+        [(i, s.get("name")) for i, s in enumerate(raw_slices) if isinstance(s, Mapping)],
+        "slice names",
+    )
+    parsed_slices = {s.name: s for s in slices}
+    by_name: dict[str, SliceConfig | None] = {
+        item["name"]: parsed_slices.get(item["name"])
+        for item in raw_slices
+        if isinstance(item, Mapping) and isinstance(item.get("name"), str)
+    }
+
+    # The CPU pool defaults to the slices' zones; take them from the raw entries so that one
+    # invalid slice does not add a second, derived error here.
+    slice_zones = tuple(
+        dict.fromkeys(
+            item["zone"]
+            for item in raw_slices
+            if isinstance(item, Mapping) and region and zone_region(item.get("zone")) == region
+        )
+    )
+    cluster = parse_cluster(problems, raw.get(f"{NAMESPACE}:cluster"), region, slice_zones)
+    if cluster is not None:
+        taken = {cluster.cpu_pool.name}
+        for index, item in enumerate(slices):
+            clash = taken.intersection(item.node_pool_names())
+            if clash:
+                problems.bad(
+                    f"{NAMESPACE}:slices[{index}].name",
+                    item.name,
+                    "a name whose node pools do not clash with another pool",
+                    f"node pool {sorted(clash)[0]!r} exists already",
+                )
+            taken.update(item.node_pool_names())
+
+    # A RayService N owns the Services N-head-svc / N-serve-svc like a RayCluster N would:
+    # names must be unique across all kinds (per namespace; we keep it simple: overall).
+    ray_names: list[tuple[str, Any]] = []
+
+    def ray_objects(key: str, parse: Any) -> list[Any]:
+        items = list_of(
+            problems, f"{NAMESPACE}:{key}", raw.get(f"{NAMESPACE}:{key}"), required=False
+        )
+        ray_names.extend(
+            (f"{key}[{i}]", o.get("name")) for i, o in enumerate(items) if isinstance(o, Mapping)
+        )
+        parsed = (
+            parse(problems, index, item, by_name, ray_version) for index, item in enumerate(items)
+        )
+        return [obj for obj in parsed if obj is not None]
+
+    clusters: list[RayClusterConfig] = ray_objects("rayClusters", parse_ray_cluster)
+    services: list[RayServiceConfig] = ray_objects("rayServices", parse_ray_service)
+    jobs: list[RayJobConfig] = ray_objects("rayJobs", parse_ray_job)
+    seen: dict[str, str] = {}
+    for where, name in ray_names:
+        if name in seen:
+            problems.bad(
+                f"{NAMESPACE}:{where}.name",
+                name,
+                "a name unique across ray-tpu:rayClusters and ray-tpu:rayServices (and rayJobs)",
+                f"duplicate of {NAMESPACE}:{seen[name]} (both would own {name}-head-svc)",
+            )
+        elif name is not None:
+            seen[name] = where
+    # Each replica of a worker group holds a whole slice: the objects on one slice may not ask
+    # for more slices than it has.
+    for slice_cfg in slices:
+        # A RayJob's cluster holds its slices while it runs: count it too.
+        users = [o for o in (*clusters, *services, *jobs) if o.slice == slice_cfg.name]
+        wanted = sum(o.max_replicas for o in users)
+        if wanted > slice_cfg.count:
+            index = slices.index(slice_cfg)
+            problems.bad(
+                f"{NAMESPACE}:slices[{index}].count",
+                slice_cfg.count,
+                f"an integer >= {wanted}",
+                "the maxReplicas of "
+                + ", ".join(o.name for o in users)
+                + f" add up to {wanted} slices",
+            )
+
+    flex = [s.name for s in slices if s.provisioning == "flex-start"]
+    too_old = cluster is not None and not gke_version_ok(
+        cluster.min_master_version, FLEX_START_TPU_GKE_VERSION
+    )
+    if flex and too_old:
+        assert cluster is not None
+        problems.bad(
+            f"{NAMESPACE}:cluster.minMasterVersion",
+            cluster.min_master_version,
+            f"a GKE version >= {FLEX_START_TPU_GKE_VERSION}",
+            f"flex-start TPU slices: {', '.join(flex)}",
+        )
+
+    if problems.errors:
+        raise ConfigError(problems.errors)
+    assert project and region and cluster and ray_version and image  # guaranteed by no errors
+    return StackConfig(
+        project=project,
+        region=region,
+        cluster=cluster,
+        slices=tuple(slices),
+        ray_version=ray_version,
+        ray_image=image,
+        ray_clusters=tuple(clusters),
+        ray_services=tuple(services),
+        ray_jobs=tuple(jobs),
+    )
+
+
+def project_root() -> Path:
+    """The folder holding ``Pulumi.yaml`` (the repository root)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def stack_file(stack: str, project_dir: Path | None = None) -> Path:
+    return (project_dir or project_root()) / f"Pulumi.{stack}.yaml"
+
+
+def available_stacks(project_dir: Path | None = None) -> tuple[str, ...]:
+    folder = project_dir or project_root()
+    return tuple(
+        sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in folder.glob("Pulumi.*.yaml"))
+    )
+
+
+def load_stack(stack: str, project_dir: Path | None = None) -> StackConfig:
+    """Read and validate ``<project_dir>/Pulumi.<stack>.yaml`` (default: this repository)."""
+    path = stack_file(stack, project_dir)
+    if not path.is_file():
+        valid = ", ".join(available_stacks(project_dir)) or "(no Pulumi.<stack>.yaml found)"
+        raise ConfigError([f"stack: {stack!r} is not valid; valid: {valid} (no {path})"])
+    with path.open() as handle:
+        document = yaml.safe_load(handle) or {}
+    if not isinstance(document, Mapping):
+        raise ConfigError([f"{path}: {type(document).__name__} is not valid; valid: a mapping"])
+    return parse_config(document.get("config") or {})
