@@ -190,7 +190,7 @@ def serve_config_v2(stack: StackConfig, service: RayServiceConfig) -> str:
     (``RAYTPU_SERVE_TPU_PER_REPLICA``) so each replica asks for a whole host; the stack's own
     ``runtimeEnv.env_vars`` come on top.
     """
-    runtime_env = _plain(service.runtime_env) if service.runtime_env else {}
+    runtime_env = plain(service.runtime_env) if service.runtime_env else {}
     env_vars = {**serve_env(stack.slice(service.slice).shape), **runtime_env.get("env_vars", {})}
     app: dict[str, Any] = {
         "name": service.application_name,
@@ -242,10 +242,10 @@ def ray_service_object(stack: StackConfig, service: RayServiceConfig) -> dict[st
     }
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """Read-only mappings (config is frozen) back to dicts, for YAML and the engine."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value

@@ -4,7 +4,8 @@
 :mod:`infra.offline` calls it under Pulumi mocks.
 
 Stack outputs (the contract with ``raytpu submit``): ``clusterName``, ``clusterEndpoint``,
-``kubeconfig`` (secret), ``slices``, ``rayClusters``, ``rayServices``.
+``kubeconfig`` (secret), ``slices``, and one output per KubeRay kind (``rayClusters``,
+``rayServices``, ``rayJobs``: :data:`infra.ray_kinds.RAY_KINDS`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,9 @@ from infra.config import StackConfig
 from infra.cpu_pool import CpuNodePool, CpuNodePoolArgs
 from infra.gke_cluster import GkeCluster, GkeClusterArgs
 from infra.k8s_provider import KubernetesAccess, KubernetesAccessArgs
-from infra.ray_cluster import RayCluster, RayClusterArgs
-from infra.ray_job import RayJob, RayJobArgs
-from infra.ray_service import RayService, RayServiceArgs
+from infra.ray_kinds import RAY_KINDS
+from infra.ray_object import RayObject, RayObjectArgs
 from infra.tpu_slice import TpuSlice, TpuSliceArgs
-from raytpu.ray_names import DASHBOARD_PORT
 
 
 def slice_summary(config: StackConfig) -> dict[str, dict[str, Any]]:
@@ -99,75 +98,27 @@ def declare(config: StackConfig) -> None:
     def needs(namespace: str) -> list[pulumi.Resource]:
         return [namespaces[namespace]] if namespace in namespaces else []
 
-    ray_clusters = {
-        c.name: RayCluster(
-            f"raycluster-{c.name}",
-            RayClusterArgs(
-                stack=config, cluster=c, provider=access.provider, depends_on=needs(c.namespace)
-            ),
-        )
-        for c in config.ray_clusters
-    }
-    ray_services = {
-        s.name: RayService(
-            f"rayservice-{s.name}",
-            RayServiceArgs(
-                stack=config, service=s, provider=access.provider, depends_on=needs(s.namespace)
-            ),
-        )
-        for s in config.ray_services
-    }
-    ray_jobs = {
-        j.name: RayJob(
-            f"rayjob-{j.name}",
-            RayJobArgs(
-                stack=config,
-                job=j,
-                provider=access.provider,
-                stack_name=pulumi.get_stack(),
-                depends_on=needs(j.namespace),
-            ),
-        )
-        for j in config.ray_jobs
+    ray_objects = {
+        kind: [
+            RayObject(
+                f"{kind.resource_prefix}-{obj.name}",
+                RayObjectArgs(
+                    kind=kind,
+                    stack=config,
+                    config=obj,
+                    provider=access.provider,
+                    stack_name=pulumi.get_stack(),
+                    depends_on=needs(obj.namespace),
+                ),
+            )
+            for obj in kind.objects(config)
+        ]
+        for kind in RAY_KINDS
     }
 
     pulumi.export("clusterName", gke.name)
     pulumi.export("clusterEndpoint", gke.endpoint)
     pulumi.export("kubeconfig", access.kubeconfig)
     pulumi.export("slices", slice_summary(config))
-    pulumi.export(
-        "rayClusters",
-        {
-            name: {
-                "namespace": rc.namespace,
-                "slice": config_obj.slice,
-                "headService": rc.head_service,
-                "dashboardPort": DASHBOARD_PORT,
-            }
-            for (name, rc), config_obj in zip(
-                ray_clusters.items(), config.ray_clusters, strict=True
-            )
-        },
-    )
-    pulumi.export(
-        "rayServices",
-        {
-            name: {
-                "namespace": rs.namespace,
-                "slice": config_obj.slice,
-                "headService": rs.head_service,
-                "serveService": rs.serve_service,
-                "dashboardPort": DASHBOARD_PORT,
-            }
-            for (name, rs), config_obj in zip(
-                ray_services.items(), config.ray_services, strict=True
-            )
-        },
-    )
-    pulumi.export(
-        "rayJobs",
-        {
-            name: {"namespace": job.namespace, "slice": cfg.slice, "entrypoint": job.entrypoint}
-            for (name, job), cfg in zip(ray_jobs.items(), config.ray_jobs, strict=True)
-        },
-    )
+    for kind, declared in ray_objects.items():
+        pulumi.export(kind.config_key, {obj.name: obj.outputs for obj in declared})

@@ -16,7 +16,6 @@ Glossary (KubeRay's and Ray's words):
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -40,7 +39,7 @@ def entrypoint(stack: StackConfig, job: RayJobConfig) -> str:
 
 def runtime_env(stack_name: str, stack: StackConfig, job: RayJobConfig) -> dict[str, Any]:
     """``job.runtime_env`` with the slice's environment variables added (the job's win)."""
-    env = _plain(job.runtime_env)
+    env = kuberay.plain(job.runtime_env)
     shape = stack.slice(job.slice).shape
     env_vars = entrypoints.slice_env(stack_name, job.name, job.slice, shape)
     env_vars.update(env.get("env_vars", {}))
@@ -73,11 +72,3 @@ def ray_job_object(
         "metadata": kuberay.metadata(stack, job.cluster),
         "spec": ray_job_spec(stack, job, stack_name=stack_name),
     }
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import kuberay
+from infra import kuberay, ray_kinds
 from infra.config import load_stack
 from infra.offline import ProgramRun, run_program_detailed
 from raytpu import crds
@@ -63,9 +63,8 @@ def test_declared_ray_objects_validate(runs: dict[str, ProgramRun], stack: str) 
 def test_builder_objects_validate(crd_dir: Path, stack: str) -> None:
     """The same objects straight from the pure builders (ints, not floats)."""
     config = load_stack(stack)
-    objects = [kuberay.ray_cluster_object(config, c) for c in config.ray_clusters]
-    objects += [kuberay.ray_service_object(config, s) for s in config.ray_services]
-    assert objects
+    objects = ray_kinds.manifests(config)
+    assert {o["kind"] for o in objects} >= {"RayCluster", "RayService"}
     for obj in objects:
         assert crds.validate_object(obj) == [], obj["metadata"]["name"]
 

@@ -214,3 +214,12 @@ def parse_ray_job(
         ttl_seconds_after_finished=ttl,
         active_deadline_seconds=deadline or None,
     )
+
+
+SECTIONS = (
+    ("rayClusters", parse_ray_cluster),
+    ("rayServices", parse_ray_service),
+    ("rayJobs", parse_ray_job),
+)
+"""Each KubeRay kind's key under ``ray-tpu:`` and its parser, in the order of
+:data:`infra.ray_kinds.RAY_KINDS`."""

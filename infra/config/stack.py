@@ -10,14 +10,11 @@ from typing import Any
 import yaml
 
 from infra.config.cluster import parse_cluster
-from infra.config.ray_objects import parse_ray_cluster, parse_ray_job, parse_ray_service
+from infra.config.ray_objects import SECTIONS
 from infra.config.reader import Problems, check_unique, list_of
 from infra.config.schema import (
     NAMESPACE,
     ConfigError,
-    RayClusterConfig,
-    RayJobConfig,
-    RayServiceConfig,
     SliceConfig,
     StackConfig,
 )
@@ -141,9 +138,7 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
         )
         return [obj for obj in parsed if obj is not None]
 
-    clusters: list[RayClusterConfig] = ray_objects("rayClusters", parse_ray_cluster)
-    services: list[RayServiceConfig] = ray_objects("rayServices", parse_ray_service)
-    jobs: list[RayJobConfig] = ray_objects("rayJobs", parse_ray_job)
+    clusters, services, jobs = (ray_objects(key, parse) for key, parse in SECTIONS)
     seen: dict[str, str] = {}
     for where, name in ray_names:
         if name in seen:
