@@ -1,7 +1,7 @@
 """Serving: the HTTP application vs calling the model in-process, with and without batching.
 
 A checkpoint of the workload's model (:mod:`workloads.model`, freshly initialised: generation
-cost does not depend on the weights) is saved with :func:`workloads.train.save_state`. Then, in
+cost does not depend on the weights) is saved with :func:`workloads.checkpoint.save_state`. Then, in
 the same run:
 
 - **in-process**: :func:`workloads.model.generate` called directly in this process, one prompt
@@ -55,7 +55,7 @@ def write_checkpoint(directory: str, seed: int = 0) -> None:
     import jax
 
     from workloads import model as m
-    from workloads.train import open_checkpoints, save_state
+    from workloads.checkpoint import open_checkpoints, save_state
 
     cfg = m.ModelConfig()
     state = m.init_state(cfg, jax.random.PRNGKey(seed))
@@ -119,7 +119,7 @@ class InProcessModel:
     """The checkpoint restored in this process; :meth:`measure` times ``generate`` calls."""
 
     def __init__(self, checkpoint_dir: str, max_new_tokens: int) -> None:
-        from workloads.train import restore_params
+        from workloads.checkpoint import restore_params
 
         self.params, self.cfg, _ = restore_params(checkpoint_dir)
         self.max_new_tokens = max_new_tokens

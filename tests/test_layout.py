@@ -140,7 +140,8 @@ BLOCKER = textwrap.dedent(
     [
         "import raytpu.catalog, raytpu.ray_names, raytpu.ray_versions, raytpu.entrypoints, "
         "raytpu.stack_outputs",
-        "import workloads.train, workloads.model, workloads.reservation, workloads.local_cluster",
+        "import workloads.train, workloads.model, workloads.checkpoint, workloads.reservation, "
+        "workloads.local_cluster",
         "import workloads.serve",
         "from raytpu_cli.main import main; sys.exit(main(['catalog', 'v6e', '4x4']))",
     ],

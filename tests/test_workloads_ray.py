@@ -157,8 +157,9 @@ def trained(cluster, tmp_path_factory):
     import jax
 
     from workloads import model as m
+    from workloads.checkpoint import open_checkpoints, save_state
     from workloads.corpus import load_corpus
-    from workloads.train import TrainConfig, open_checkpoints, run_training, save_state
+    from workloads.train import TrainConfig, run_training
 
     workdir = tmp_path_factory.mktemp("train")
     config = TrainConfig(
@@ -206,8 +207,8 @@ def test_training_resumed_from_latest_checkpoint(trained):
 
 
 def test_checkpoint_restores_identical_parameters(trained):
+    from workloads.checkpoint import restore_params
     from workloads.model import params_digest
-    from workloads.train import restore_params
 
     config, _, result = trained
     params, _, step = restore_params(config.checkpoint_dir)

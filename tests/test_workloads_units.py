@@ -255,7 +255,7 @@ def test_checkpoint_round_trip_restores_identical_parameters(tmp_path):
     import jax
 
     from workloads import model as m
-    from workloads.train import open_checkpoints, restore_params, save_state
+    from workloads.checkpoint import open_checkpoints, restore_params, save_state
 
     cfg = m.ModelConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, seq_len=32)
     state = m.init_state(cfg, jax.random.PRNGKey(3))
@@ -272,7 +272,7 @@ def test_checkpoint_round_trip_restores_identical_parameters(tmp_path):
 
 
 def test_restore_params_from_empty_dir_names_it(tmp_path):
-    from workloads.train import restore_params
+    from workloads.checkpoint import restore_params
 
     with pytest.raises(FileNotFoundError, match=r"checkpoint_dir: .* has no checkpoint"):
         restore_params(str(tmp_path / "nothing"))

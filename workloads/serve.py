@@ -121,7 +121,7 @@ class TextGenerator:
     def __init__(self, checkpoint_dir: str) -> None:
         import jax  # noqa: F401  (imported in the replica, never in the driver)
 
-        from workloads.train import restore_params
+        from workloads.checkpoint import restore_params
 
         self._params, self._cfg, self._step = restore_params(checkpoint_dir)
         self._checkpoint_dir = checkpoint_dir

@@ -10,7 +10,7 @@ Glossary (Ray's words):
   global array; parameters are replicated; XLA all-reduces the gradients across hosts.
 - **checkpoint**: an Orbax ``CheckpointManager`` directory (``gs://...`` on GKE, a local path in
   the simulation) written every ``checkpoint_every`` steps by all workers together; a new run
-  resumes from the latest step in it.
+  resumes from the latest step in it (:mod:`workloads.checkpoint`).
 
 The driver never imports jax: the worker function does. ``python -m raytpu_cli train --help``.
 """
@@ -103,6 +103,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     from jax.sharding import PartitionSpec as P
 
     from workloads import model as m
+    from workloads.checkpoint import open_checkpoints, restore_state, save_state
     from workloads.corpus import load_corpus
 
     began = time.monotonic()
@@ -198,87 +199,6 @@ def _quiet_worker_logs() -> None:
 
     absl.logging.set_verbosity(absl.logging.WARNING)
     logging.getLogger("absl").setLevel(logging.WARNING)
-
-
-def open_checkpoints(directory: str) -> Any:
-    """An Orbax CheckpointManager on ``directory`` (local path or ``gs://``), last 3 kept."""
-    import orbax.checkpoint as ocp
-
-    options = ocp.CheckpointManagerOptions(max_to_keep=3, create=True)
-    return ocp.CheckpointManager(_orbax_path(directory), options=options)
-
-
-def _orbax_path(directory: str) -> Any:
-    if "://" in directory:
-        from etils import epath
-
-        return epath.Path(directory)
-    return Path(directory).absolute()
-
-
-def save_state(manager: Any, step: int, state: Any, cfg: Any) -> None:
-    import orbax.checkpoint as ocp
-
-    manager.save(
-        step,
-        args=ocp.args.Composite(
-            params=ocp.args.StandardSave(state.params),
-            opt_state=ocp.args.StandardSave(state.opt_state),
-            meta=ocp.args.JsonSave({"step": step, "model": cfg.to_dict()}),
-        ),
-    )
-
-
-def restore_state(manager: Any, step: int, like: Any) -> Any:
-    """Restore params and optimizer state into the shardings of ``like``."""
-    import jax
-    import jax.numpy as jnp
-    import orbax.checkpoint as ocp
-
-    def abstract(tree: Any) -> Any:
-        return jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree
-        )
-
-    restored = manager.restore(
-        step,
-        args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract(like.params)),
-            opt_state=ocp.args.StandardRestore(abstract(like.opt_state)),
-        ),
-    )
-    step_array = jax.device_put(jnp.asarray(step, jnp.int32), like.step.sharding)
-    return like.replace(step=step_array, params=restored.params, opt_state=restored.opt_state)
-
-
-def restore_params(directory: str, step: int | None = None) -> tuple[Any, Any, int]:
-    """(params, ModelConfig, step) from a checkpoint dir, onto this process's first device.
-
-    Used by Serve replicas and tests (one process, any device count).
-    """
-    import jax
-    import orbax.checkpoint as ocp
-
-    from workloads import model as m
-
-    manager = ocp.CheckpointManager(_orbax_path(directory))
-    try:
-        chosen = manager.latest_step() if step is None else step
-        if chosen is None:
-            raise FileNotFoundError(f"checkpoint_dir: {directory!r} has no checkpoint")
-        meta = manager.restore(chosen, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-        cfg = m.ModelConfig.from_dict(meta["model"])
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        shapes = jax.eval_shape(lambda: m.init_state(cfg, jax.random.PRNGKey(0)).params)
-        target = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes
-        )
-        restored = manager.restore(
-            chosen, args=ocp.args.Composite(params=ocp.args.StandardRestore(target))
-        )
-        return restored.params, cfg, int(chosen)
-    finally:
-        manager.close()
 
 
 # ------------------------------------------------------------------------------- driver side
