@@ -7,20 +7,34 @@ the Ray Serve app on the serving slice, sends a few requests, and prints a summa
 Example:
   raytpu demo                 # the dev stack, about 3-4 minutes on 2 cores
   raytpu demo --steps 40 --workdir /tmp/demo
+  raytpu demo --verbose       # Ray's and JAX's logs on the console too
+
+The console shows the phases, progress bars and the summary table; Ray's and JAX's logs go to
+``<workdir>/demo.log`` (its path is printed first). Ctrl-C (or SIGTERM) at any phase stops every
+process the demo started and exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from raytpu.table import format_table
-from raytpu_cli.common import SliceChoice, UsageError, describe_hosts, post_json
+from raytpu_cli.common import HttpReply, SliceChoice, UsageError, describe_hosts, post_json
+from raytpu_cli.console import RunConsole
+from workloads.train import TrainConfig, TrainingError, TrainProgress, TrainResult
+
+if TYPE_CHECKING:
+    from workloads.local_cluster import LocalSliceCluster
 
 PROMPTS = (
     "The old teacher",
@@ -39,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=40)
     parser.add_argument("--workdir", help="checkpoints and Ray Train results (default: a temp dir)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Ray's and JAX's logs here too (default: only in the log file)",
+    )
 
 
 def _pick_slices(args: argparse.Namespace) -> tuple[SliceChoice, SliceChoice]:
@@ -62,10 +81,6 @@ def _pick_slices(args: argparse.Namespace) -> tuple[SliceChoice, SliceChoice]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workloads import serve as serving
-    from workloads.local_cluster import LocalSliceCluster, free_port
-    from workloads.train import TrainConfig, TrainingError, run_training
-
     began = time.monotonic()
     try:
         train, serve_slice = _pick_slices(args)
@@ -82,33 +97,147 @@ def run(args: argparse.Namespace) -> int:
     checkpoint_dir = workdir / "checkpoints"
     if checkpoint_dir.exists():
         shutil.rmtree(checkpoint_dir)  # the demo always trains from scratch
-    config = TrainConfig(
-        checkpoint_dir=str(checkpoint_dir), steps=args.steps, checkpoint_every=args.checkpoint_every
+    config = replace(config, checkpoint_dir=str(checkpoint_dir))
+    log_path = workdir / "demo.log"
+    print(
+        f"[demo] Ray and JAX logs: {log_path}"
+        + ("" if not args.verbose else " (--verbose: shown here too)"),
+        flush=True,
     )
-    print(f"[demo] stack {args.stack}: {describe_hosts([train, serve_slice])}", flush=True)
+    run_ = DemoRun(args, train, serve_slice, config, RunConsole(log_path, verbose=args.verbose))
     try:
-        with LocalSliceCluster([train, serve_slice]) as cluster:
-            print(f"[demo] slice cluster up in {cluster.start_seconds:.1f} s", flush=True)
-            result = run_training(train.shape, config, storage_path=str(workdir / "ray_results"))
-            print(
-                f"[demo] trained: loss {result.first_loss:.3f} -> {result.last_loss:.3f}",
-                flush=True,
-            )
-            handle = serving.deploy(
-                serving.build_app(str(checkpoint_dir), serve_slice.shape), port=free_port()
-            )
-            print(f"[demo] serving at {handle.url}", flush=True)
-            try:
-                replies = _ask(handle.url, args.max_new_tokens)
-                bad = post_json(handle.url, None, raw=b"{not json")
-            finally:
-                serving.shutdown()
-    except (TrainingError, TimeoutError, RuntimeError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        with run_.console:
+            summary = run_.run()
     except KeyboardInterrupt:
-        print("interrupted: everything this command started was stopped", file=sys.stderr)
-        return 130
+        return _interrupted(run_, log_path)
+    except (TrainingError, TimeoutError, RuntimeError) as error:
+        if run_.cluster is not None and run_.cluster.interrupted:
+            return _interrupted(run_, log_path)
+        print(f"error: {error}\n(logs: {log_path})", file=sys.stderr)
+        return 1
+    rows, ok, fell = summary
+    rows.append(("total", f"{time.monotonic() - began:.0f} s"))
+    print()
+    print(format_table(("demo", "result"), rows), flush=True)
+    if not fell:
+        print("error: the loss did not fall by at least 25%", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def _interrupted(run_: DemoRun, log_path: Path) -> int:
+    cluster = run_.cluster
+    signal_name = (cluster.interrupted if cluster is not None else None) or "SIGINT"
+    stopped = "nothing had started yet"
+    if cluster is not None:
+        stopped = (
+            f"the simulated slice cluster (head + {len(cluster.hosts)} hosts"
+            + (
+                f"; {cluster.stopped_processes} leftover processes killed"
+                if cluster.stopped_processes
+                else ""
+            )
+            + ")"
+            + (" and the Serve app" if run_.phase_name in ("serving", "requests") else "")
+        )
+    print(
+        f"interrupted by {signal_name} during {run_.phase_name}: stopped {stopped}; "
+        f"logs: {log_path}",
+        file=sys.stderr,
+    )
+    return 130
+
+
+class DemoRun:
+    """One demo run: its phases, what it started, and the summary rows."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        train: SliceChoice,
+        serve_slice: SliceChoice,
+        config: TrainConfig,
+        console: RunConsole,
+    ) -> None:
+        self.args = args
+        self.train = train
+        self.serve_slice = serve_slice
+        self.config = config
+        self.console = console
+        self.cluster: LocalSliceCluster | None = None
+        self.phase_name = "start-up"
+
+    def run(self) -> tuple[list[tuple[str, str]], bool, bool]:
+        from workloads import serve as serving
+        from workloads.local_cluster import LocalSliceCluster, free_port
+
+        console, train, serve_slice = self.console, self.train, self.serve_slice
+        console.phase(f"[demo] stack {self.args.stack}: {describe_hosts([train, serve_slice])}")
+        self.phase_name = "cluster start"
+        self.cluster = LocalSliceCluster([train, serve_slice])
+        with contextlib.ExitStack() as stack:
+            with console.progress(counted=False) as bar:
+                task = bar.add_task("starting the simulated slice cluster", total=None, detail="")
+                stack.enter_context(self.cluster)
+                bar.update(task, total=1, completed=1, detail=f"{len(self.cluster.hosts)} hosts up")
+            self.phase_name = "training"
+            result = self._train()
+            console.phase(f"[demo] trained: loss {result.first_loss:.3f} -> {result.last_loss:.3f}")
+            self.phase_name = "serving"
+            with console.progress(counted=False) as bar:
+                task = bar.add_task(
+                    "serving: deploy and compile batch sizes", total=None, detail=""
+                )
+                stack.callback(serving.shutdown)
+                handle = serving.deploy(
+                    serving.build_app(self.config.checkpoint_dir, serve_slice.shape),
+                    port=free_port(),
+                )
+                bar.update(task, total=1, completed=1, detail="ready")
+            self.phase_name = "requests"
+            with console.progress() as bar:
+                task = bar.add_task("requests", total=len(PROMPTS) + 1, detail="")
+                replies = _ask(handle.url, self.args.max_new_tokens, lambda: bar.advance(task))
+                bad = post_json(handle.url, None, raw=b"{not json")
+                bar.advance(task)
+        return _summary(self.args, train, serve_slice, result, handle, replies, bad)
+
+    def _train(self) -> TrainResult:
+        from workloads.train import run_training
+
+        seen: list[TrainProgress] = []
+        with self.console.progress() as bar:
+            task = bar.add_task("training", total=self.config.steps, detail="")
+
+            def show(progress: TrainProgress) -> None:
+                seen.append(progress)
+                bar.update(task, completed=progress.step, detail=_progress_text(progress))
+
+            result = run_training(
+                self.train.shape,
+                self.config,
+                storage_path=str(Path(self.config.checkpoint_dir).parent / "ray_results"),
+                on_progress=show,
+            )
+            last = f"loss {result.last_loss:.3f}"
+            if seen:  # the speed as the workers last reported it
+                last = _progress_text(replace(seen[-1], loss=result.last_loss))
+            bar.update(task, completed=result.final_step, detail=last)
+        return result
+
+
+def _progress_text(progress: TrainProgress) -> str:
+    return f"loss {progress.loss:.3f}  {progress.tokens_per_s:,.0f} tokens/s"
+
+
+def _summary(
+    args: argparse.Namespace,
+    train: SliceChoice,
+    serve_slice: SliceChoice,
+    result: TrainResult,
+    handle: Any,
+    replies: list[tuple[str, HttpReply]],
+    bad: HttpReply,
+) -> tuple[list[tuple[str, str]], bool, bool]:
     latencies = sorted(r.seconds * 1000 for _, r in replies)
     rows = [
         ("stack", args.stack),
@@ -140,22 +269,21 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     rows.append(("bad JSON request", f"{bad.status}: {bad.body.get('error', bad.body)}"))
-    rows.append(("total", f"{time.monotonic() - began:.0f} s"))
-    print()
-    print(format_table(("demo", "result"), rows))
     fell = result.last_loss < 0.75 * result.first_loss
     ok = fell and all(r.status == 200 for _, r in replies) and bad.status == 400
-    if not fell:
-        print("error: the loss did not fall by at least 25%", file=sys.stderr)
-    return 0 if ok else 1
+    return rows, ok, fell
 
 
-def _ask(url: str, max_new_tokens: int) -> list[tuple[str, object]]:
+def _ask(
+    url: str, max_new_tokens: int, on_reply: Callable[[], object]
+) -> list[tuple[str, HttpReply]]:
     """Send all prompts at once so that Serve can batch them."""
 
-    def one(prompt: str) -> tuple[str, object]:
+    def one(prompt: str) -> tuple[str, HttpReply]:
         payload = {"prompt": prompt, "max_new_tokens": max_new_tokens, "temperature": 0.5}
-        return prompt, post_json(url, payload, timeout_s=120)
+        reply = post_json(url, payload, timeout_s=120)
+        on_reply()
+        return prompt, reply
 
     with ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
         return list(pool.map(one, PROMPTS))

@@ -182,8 +182,13 @@ class LocalSliceCluster:
         self._start_timeout_s = start_timeout_s
         self._cluster: Any = None
         self._previous_handlers: dict[int, Any] = {}
+        self._gcs_address: str | None = None
         self.address: str | None = None
         self.start_seconds: float | None = None
+        self.interrupted: str | None = None
+        """The signal (``SIGINT``, ``SIGTERM``) that interrupted the ``with`` block, if any."""
+        self.stopped_processes = 0
+        """Processes of this cluster that :meth:`stop` killed."""
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> LocalSliceCluster:
@@ -226,6 +231,7 @@ class LocalSliceCluster:
         # state API) would otherwise fail when other Ray instances run on this machine.
         gcs_port = free_port()
         address = f"{ray.util.get_node_ip_address()}:{gcs_port}"
+        self._gcs_address = address  # known before any process starts: stop() can find them all
         self._cluster = Cluster(
             initialize_head=True,
             head_node_args={
@@ -260,16 +266,27 @@ class LocalSliceCluster:
             )
 
     def stop(self) -> None:
-        """Disconnect the driver and kill every node process. Safe to call twice."""
+        """Disconnect the driver and kill every process of the cluster. Safe to call twice.
+
+        Ray's own shutdown kills the processes it tracks, but an interrupt during start-up left
+        agents (DashboardAgent, RuntimeEnvAgent) behind it, re-parented to PID 1. So every
+        process of the cluster and its descendants are killed first
+        (:func:`kill_cluster_processes`), then Ray's records are tidied. Signals are held off
+        while stopping.
+        """
         import ray
 
-        cluster, self._cluster = self._cluster, None
-        with contextlib.suppress(Exception):
-            if self._connect and ray.is_initialized():
-                ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
-            logger.info("local slice cluster stopped")
+        with _signals_deferred():
+            cluster, self._cluster = self._cluster, None
+            with contextlib.suppress(Exception):
+                if self._connect and ray.is_initialized():
+                    ray.shutdown()
+            if self._gcs_address is not None:
+                self.stopped_processes += kill_cluster_processes(self._gcs_address)
+                self._gcs_address = None
+            if cluster is not None:
+                cluster.shutdown()  # its processes are gone: this only tidies Ray's records
+                logger.info("local slice cluster stopped")
         self.address = None
 
     def __enter__(self) -> LocalSliceCluster:
@@ -299,6 +316,7 @@ class LocalSliceCluster:
 
     def _install_signal_handlers(self) -> None:
         def interrupt(signum: int, frame: FrameType | None) -> None:
+            self.interrupted = self.interrupted or signal.Signals(signum).name
             raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
         if os.name != "posix":
@@ -325,6 +343,64 @@ class LocalSliceCluster:
             }
             for host in self.hosts
         ]
+
+
+def kill_cluster_processes(gcs_address: str, *, timeout_s: float = 10.0) -> int:
+    """Kill every process (but this one) of the cluster at ``gcs_address``; how many were killed.
+
+    The cluster's own processes name the address (GCS and raylets in their command line, workers
+    in ``RAY_ADDRESS``); the agents a raylet starts carry neither (``ray::DashboardAgent``), so
+    they are found as descendants. The marked processes are stopped (SIGSTOP) before their
+    descendants are listed, so that none starts another process in between, then all are killed.
+    """
+    import psutil
+
+    def marked(proc: psutil.Process) -> bool:
+        try:
+            if gcs_address in " ".join(proc.cmdline()):
+                return True
+            return proc.environ().get("RAY_ADDRESS") == gcs_address
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return False
+
+    me = os.getpid()
+    roots = [p for p in psutil.process_iter() if p.pid != me and marked(p)]
+    victims: dict[int, psutil.Process] = {}
+    for proc in roots:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.suspend()
+            victims[proc.pid] = proc
+    for proc in roots:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            victims.update((c.pid, c) for c in proc.children(recursive=True) if c.pid != me)
+    for proc in victims.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(list(victims.values()), timeout=timeout_s)
+    if victims:
+        logger.info("killed %d processes of cluster %s", len(victims), gcs_address)
+    return len(victims)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT/SIGTERM during the block are remembered, not raised: cleanup runs to the end."""
+    if os.name != "posix":
+        yield
+        return
+    caught: list[int] = []
+    previous: dict[int, Any] = {}
+    with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, lambda n, _f: caught.append(n))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signum, handler)
+        if caught:
+            logger.warning("deferred %s while stopping", signal.Signals(caught[0]).name)
 
 
 @contextlib.contextmanager

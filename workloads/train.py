@@ -20,8 +20,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,6 +39,10 @@ WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 
 class TrainingError(RuntimeError):
     """A training run that did not start or did not finish; names the shape and the cause."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C while ``JaxTrainer.fit()`` ran: Ray Train aborted the run (its SIGINT handler)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,66 @@ class TrainResult:
     slice_names: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class TrainProgress:
+    """The newest step of a running training, as worker 0 saw it."""
+
+    step: int
+    steps: int
+    loss: float
+    tokens_per_s: float
+
+
+class _ProgressBoard:
+    """A Ray actor (0 CPUs) holding the newest :class:`TrainProgress` that worker 0 posts."""
+
+    def __init__(self) -> None:
+        self._latest: TrainProgress | None = None
+
+    def post(self, progress: TrainProgress) -> None:
+        self._latest = progress
+
+    def latest(self) -> TrainProgress | None:
+        return self._latest
+
+
+PROGRESS_POLL_S = 0.5
+
+
+@contextmanager
+def _watch_progress(on_progress: Callable[[TrainProgress], None] | None) -> Iterator[Any]:
+    """Yield a progress board for the workers (None without ``on_progress``) and, while the
+    block runs, call ``on_progress`` from a driver thread whenever a new step arrives."""
+    if on_progress is None:
+        yield None
+        return
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    board = ray.remote(num_cpus=0)(_ProgressBoard).remote()
+    stop = threading.Event()
+
+    def poll() -> None:
+        seen: TrainProgress | None = None
+        while not stop.wait(PROGRESS_POLL_S):
+            try:
+                latest = ray.get(board.latest.remote(), timeout=5)
+            except (GetTimeoutError, RayActorError):
+                continue
+            if latest is not None and latest != seen:
+                seen = latest
+                on_progress(latest)
+
+    thread = threading.Thread(target=poll, name="train-progress", daemon=True)
+    thread.start()
+    try:
+        yield board
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        ray.kill(board)
+
+
 # ---------------------------------------------------------------- worker side (jax imported here)
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Runs once per TPU host. Must be called under JaxTrainer (jax.distributed is initialized)."""
@@ -116,6 +182,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     replicated = NamedSharding(mesh, P())
     local_batch = run.global_batch // jax.process_count()
     corpus = m.encode(load_corpus())
+    board = config.get("progress_board") if jax.process_index() == 0 else None
+    tokens_per_step = run.global_batch * cfg.seq_len
 
     init = jax.jit(partial(m.init_state, cfg), out_shardings=replicated)
     state = init(jax.random.PRNGKey(run.seed))
@@ -136,6 +204,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         losses: list[float] = []
         first_step = int(resumed_from)
         for step in range(first_step, run.steps):
+            step_began = time.monotonic()
             local = m.sample_batch(
                 corpus, local_batch, cfg.seq_len, seed=(run.seed, step, jax.process_index())
             )
@@ -144,6 +213,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             loss_value = float(loss.addressable_data(0))
             losses.append(loss_value)
             done = step + 1
+            if board is not None:
+                seconds = max(time.monotonic() - step_began, 1e-9)
+                board.post.remote(
+                    TrainProgress(done, run.steps, loss_value, tokens_per_step / seconds)
+                )
             if jax.process_index() == 0:
                 # A logger, not print: Ray Train tees a worker's print to stdout and its logger.
                 logger.info("[train] step %d/%d loss %.4f", done, run.steps, loss_value)
@@ -215,6 +289,20 @@ def _env(name: str, value: str) -> Iterator[None]:
             os.environ[name] = previous
 
 
+@contextmanager
+def _sigint_kept() -> Iterator[None]:
+    """``JaxTrainer.fit()`` installs its own SIGINT handler and leaves it installed: put the
+    caller's back afterwards (main thread only, as Ray Train does)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_training(
     shape: SliceShape,
     run: TrainConfig,
@@ -225,13 +313,15 @@ def run_training(
     start_timeout_s: float = 60.0,
     storage_path: str | None = None,
     name: str = "raytpu-train",
+    on_progress: Callable[[TrainProgress], None] | None = None,
 ) -> TrainResult:
     """Train on ``num_slices`` slices of ``shape`` in the connected Ray cluster.
 
     First reserves the slices with :func:`workloads.reservation.reserve_slices` (sized exactly as
     the workers will be) and releases them, so that a request no slice can hold fails within
     ``reserve_timeout_s`` with the reason. Then JaxTrainer runs with no retries and a worker
-    group start bound of ``start_timeout_s``. Raises :class:`TrainingError`.
+    group start bound of ``start_timeout_s``. ``on_progress`` is called (from a driver thread)
+    with each new :class:`TrainProgress`. Raises :class:`TrainingError`.
     """
     import ray.train
     from ray.train.v2.jax import JaxTrainer
@@ -254,31 +344,38 @@ def run_training(
         ) from error
 
     storage = storage_path or str(Path(run.checkpoint_dir).absolute().parent / "ray_results")
-    trainer = JaxTrainer(
-        train_loop_per_worker=train_loop_per_worker,
-        train_loop_config={"train": asdict(run)},
-        scaling_config=ray.train.ScalingConfig(
-            use_tpu=True,
-            num_workers=num_workers,
-            topology=shape.topology,
-            accelerator_type=shape.ray_accelerator_type,
-            resources_per_worker={"TPU": tpu},
-        ),
-        run_config=ray.train.RunConfig(
-            name=name,
-            storage_path=storage,
-            failure_config=ray.train.FailureConfig(max_failures=0, controller_failure_limit=0),
-        ),
-    )
-    began = time.monotonic()
-    try:
-        with _env(WORKER_GROUP_START_TIMEOUT_ENV, str(start_timeout_s)):
-            result = trainer.fit()
-    except ray.train.TrainingFailedError as error:
-        raise TrainingError(
-            f"training on {num_slices} x {shape.name} ({num_workers} workers of TPU {tpu}) "
-            f"failed after {time.monotonic() - began:.0f} s: {error}"
-        ) from error
+    with _watch_progress(on_progress) as board:
+        trainer = JaxTrainer(
+            train_loop_per_worker=train_loop_per_worker,
+            train_loop_config={"train": asdict(run), "progress_board": board},
+            scaling_config=ray.train.ScalingConfig(
+                use_tpu=True,
+                num_workers=num_workers,
+                topology=shape.topology,
+                accelerator_type=shape.ray_accelerator_type,
+                resources_per_worker={"TPU": tpu},
+            ),
+            run_config=ray.train.RunConfig(
+                name=name,
+                storage_path=storage,
+                failure_config=ray.train.FailureConfig(max_failures=0, controller_failure_limit=0),
+            ),
+        )
+        began = time.monotonic()
+        try:
+            with _env(WORKER_GROUP_START_TIMEOUT_ENV, str(start_timeout_s)), _sigint_kept():
+                result = trainer.fit()
+        except SystemExit as error:
+            # Ray Train's own SIGINT handler aborts the run and leaves through sys.exit().
+            raise TrainingInterrupted(
+                f"training on {num_slices} x {shape.name} was interrupted (SIGINT) after "
+                f"{time.monotonic() - began:.0f} s; Ray Train aborted the run"
+            ) from error
+        except ray.train.TrainingFailedError as error:
+            raise TrainingError(
+                f"training on {num_slices} x {shape.name} ({num_workers} workers of TPU {tpu}) "
+                f"failed after {time.monotonic() - began:.0f} s: {error}"
+            ) from error
     metrics = result.metrics or {}
     if "params_digest" not in metrics:
         raise TrainingError(f"training on {shape.name} ended without a final report: {metrics}")

@@ -1,0 +1,106 @@
+"""What a long command shows a person: its phases, live progress bars and a summary table,
+while Ray's and JAX's own logs go to a log file.
+
+``with RunConsole(log_path, verbose=False) as console:`` points this process's file descriptors 1
+and 2 at the log file (so the driver's logs, the logs Ray forwards from its workers and anything a
+child process prints land there) and keeps the terminal for :meth:`RunConsole.phase`,
+:meth:`RunConsole.progress` and :meth:`RunConsole.table`. ``verbose=True`` leaves the
+descriptors alone: everything is shown, as without this class. The display uses ``rich``: on a
+terminal the bars redraw in place; in a pipe each bar is printed once, when it finishes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+
+class RunConsole:
+    """The terminal of one command run, with everything else sent to ``log_path``."""
+
+    def __init__(self, log_path: Path, *, verbose: bool = False) -> None:
+        self.log_path = log_path
+        self.verbose = verbose
+        self._saved: dict[int, int] = {}
+        self._log: IO[bytes] | None = None
+        self._out: IO[str] | None = None
+        self._err: IO[str] | None = None
+        self.out = Console(highlight=False)
+        self.err = Console(stderr=True, highlight=False)
+
+    def __enter__(self) -> RunConsole:
+        if self.verbose:
+            return self
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._log = self.log_path.open("ab")
+        for fd in (1, 2):
+            self._saved[fd] = os.dup(fd)
+        self._out = os.fdopen(os.dup(self._saved[1]), "w", buffering=1, encoding="utf-8")
+        self._err = os.fdopen(os.dup(self._saved[2]), "w", buffering=1, encoding="utf-8")
+        terminal = os.isatty(self._saved[1])
+        self.out = Console(file=self._out, highlight=False, force_terminal=terminal or None)
+        self.err = Console(file=self._err, highlight=False)
+        for fd in (1, 2):
+            os.dup2(self._log.fileno(), fd)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def restore(self) -> None:
+        """Give fds 1 and 2 back to the terminal (idempotent)."""
+        if not self._saved:
+            return
+        with contextlib.suppress(ValueError, OSError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        for fd, saved in self._saved.items():
+            os.dup2(saved, fd)
+            os.close(saved)
+        self._saved.clear()
+        for handle in (self._out, self._err, self._log):
+            if handle is not None:
+                with contextlib.suppress(OSError):
+                    handle.close()
+        self.out = Console(highlight=False)
+        self.err = Console(stderr=True, highlight=False)
+
+    # -- what the person sees --------------------------------------------------------------
+    def phase(self, text: str) -> None:
+        """One line naming what happens now."""
+        self.out.print(text, markup=False, soft_wrap=True)
+
+    def error(self, text: str) -> None:
+        self.err.print(text, markup=False, soft_wrap=True)
+
+    def table(self, text: str) -> None:
+        """Pre-formatted text (a table), written as is: never wrapped."""
+        self.out.file.write(text + "\n")
+        self.out.file.flush()
+
+    @contextlib.contextmanager
+    def progress(self, *, counted: bool = True) -> Iterator[Progress]:
+        """A live display of one or more tasks; ``counted=False`` for work without a count
+        (a spinner and the elapsed time)."""
+        columns: list[Any] = [SpinnerColumn(), TextColumn("{task.description}")]
+        if counted:
+            columns += [BarColumn(bar_width=30), MofNCompleteColumn()]
+        columns += [TextColumn("{task.fields[detail]}"), TimeElapsedColumn()]
+        with Progress(*columns, console=self.out, transient=False) as bar:
+            yield bar
