@@ -331,6 +331,29 @@ class LocalSliceCluster:
                 signal.signal(signum, handler)
         self._previous_handlers.clear()
 
+    def remove_host(self, slice_name: str, worker_id: int) -> str:
+        """Kill one simulated host's node (a lost TPU VM); returns its Ray node id."""
+        import ray
+
+        if self._cluster is None:
+            raise LocalClusterError("remove_host: the cluster is not running")
+        for node in ray.nodes():
+            labels = node.get("Labels") or {}
+            if (
+                node.get("Alive")
+                and labels.get(LABEL_SLICE_NAME) == slice_name
+                and labels.get(LABEL_WORKER_ID) == str(worker_id)
+            ):
+                node_id = node["NodeID"]
+                for worker in list(self._cluster.worker_nodes):
+                    if worker.node_id == node_id:
+                        self._cluster.remove_node(worker, allow_graceful=False)
+                        return node_id
+        valid = ", ".join(f"({h.slice_name!r}, {h.worker_id})" for h in self.hosts)
+        raise LocalClusterError(
+            f"remove_host: ({slice_name!r}, {worker_id}) is not valid; valid: {valid}"
+        )
+
     def describe(self) -> list[dict[str, Any]]:
         """One row per simulated host, for summaries."""
         return [

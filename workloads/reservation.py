@@ -52,6 +52,27 @@ class SliceReservationError(RuntimeError):
         )
 
 
+class HostLostError(RuntimeError):
+    """A host of a reserved slice died after the reservation: the slice is no longer whole.
+
+    Work pinned to that host's bundle would wait forever (Ray keeps the placement group and
+    reschedules the bundle when a node with the slice's label comes back, which never happens
+    for a lost TPU host). Release the reservation and reserve again.
+    """
+
+    def __init__(self, lost: tuple[ReservedHost, ...]) -> None:
+        self.lost = lost
+        names = ", ".join(
+            f"slice {h.slice_name} host {h.worker_id} (bundle {h.bundle_index}, node "
+            f"{h.node_id[:12]})"
+            for h in lost
+        )
+        super().__init__(
+            f"host lost: {names} is no longer alive; the reserved slice is not whole and work "
+            "pinned to it would wait forever; release the reservation and reserve again"
+        )
+
+
 @dataclass(frozen=True)
 class ReservedHost:
     """One bundle of the placement group and the TPU host it landed on."""
@@ -77,14 +98,48 @@ class SliceReservation:
     """Seconds from the request until every bundle was placed."""
     bundle_resources: dict[str, float]
 
+    def lost_hosts(self) -> tuple[ReservedHost, ...]:
+        """Reserved hosts whose Ray node is no longer alive."""
+        import ray
+
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        return tuple(h for h in self.hosts if h.node_id not in alive)
+
+    def check_hosts(self) -> None:
+        """Raise :class:`HostLostError` if any reserved host died."""
+        lost = self.lost_hosts()
+        if lost:
+            raise HostLostError(lost)
+
+    def get(self, refs: list[Any], *, timeout_s: float, poll_s: float = 1.0) -> list[Any]:
+        """``ray.get`` of work running on this reservation, bounded by ``timeout_s``, that
+        raises :class:`HostLostError` as soon as a reserved host dies instead of waiting."""
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        pending = list(refs)
+        while pending:
+            self.check_hosts()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"{len(pending)} of {len(refs)} results not ready after {timeout_s:.0f} s"
+                )
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(poll_s, remaining))
+        return ray.get(list(refs))
+
     def scheduling_strategy(self, bundle_index: int) -> Any:
-        """The strategy that pins a task or actor to bundle ``bundle_index``."""
+        """The strategy that pins a task or actor to bundle ``bundle_index``; raises
+        :class:`HostLostError` if that bundle's host died."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         if not 0 <= bundle_index < len(self.hosts):
             raise ValueError(
                 f"bundle_index: {bundle_index!r} is not valid; valid: 0..{len(self.hosts) - 1}"
             )
+        lost = [h for h in self.lost_hosts() if h.bundle_index == bundle_index]
+        if lost:
+            raise HostLostError(tuple(lost))
         return PlacementGroupSchedulingStrategy(
             placement_group=self.placement_group,
             placement_group_bundle_index=bundle_index,
