@@ -36,10 +36,15 @@ def test_host_lost_after_reservation_raises_instead_of_waiting() -> None:
         reserve_slices(V6E_2X4_4T, timeout_s=30) as reservation,
     ):
         assert reservation.lost_hosts() == ()
-        quick = hold.options(scheduling_strategy=reservation.scheduling_strategy(0)).remote(0)
-        assert reservation.get([quick], timeout_s=60) == ["0"]
-        pinned = hold.options(scheduling_strategy=reservation.scheduling_strategy(1)).remote(120)
+        (host_0,) = [h for h in reservation.hosts if h.worker_id == 0]
         (host_1,) = [h for h in reservation.hosts if h.worker_id == 1]
+        quick = hold.options(
+            scheduling_strategy=reservation.scheduling_strategy(host_0.bundle_index)
+        ).remote(0)
+        assert reservation.get([quick], timeout_s=60) == ["0"]
+        pinned = hold.options(
+            scheduling_strategy=reservation.scheduling_strategy(host_1.bundle_index)
+        ).remote(120)
         assert cluster.remove_host(host_1.slice_name, 1) == host_1.node_id
         began = time.monotonic()
         with pytest.raises(HostLostError) as caught:
