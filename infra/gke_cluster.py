@@ -66,6 +66,9 @@ class GkeCluster(pulumi.ComponentResource):
             network=cfg.network,
             subnetwork=cfg.subnetwork,
             networking_mode="VPC_NATIVE",
+            # Dataplane V2 enforces the Ray objects' NetworkPolicies (docs/security.md).
+            # It is fixed at create: switching an existing cluster to it replaces the cluster.
+            datapath_provider="ADVANCED_DATAPATH",
             ip_allocation_policy=gcp.container.ClusterIpAllocationPolicyArgs(stack_type="IPV4"),
             private_cluster_config=private,
             master_authorized_networks_config=authorized,

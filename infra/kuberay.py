@@ -20,12 +20,14 @@ from typing import Any
 
 import yaml
 
+from infra import ray_auth
 from infra.config import (
     RayClusterConfig,
     RayServiceConfig,
     StackConfig,
     WorkerResources,
 )
+from infra.ray_access import RAY_OBJECT_LABEL
 from raytpu.catalog import TPU_RESOURCE, TPU_TAINT_KEY, SliceShape
 from raytpu.entrypoints import serve_env
 from raytpu.ray_names import HEAD_PORTS
@@ -158,11 +160,14 @@ def tpu_worker_group(
     }
 
 
-def _cluster_spec(stack: StackConfig, obj: RayClusterConfig | RayServiceConfig) -> dict[str, Any]:
+def _cluster_spec(
+    stack: StackConfig, obj: RayClusterConfig | RayServiceConfig, kind: str
+) -> dict[str, Any]:
     image = stack.image_for(obj)
     shape = stack.slice(obj.slice).shape
-    return {
+    spec = {
         "rayVersion": stack.ray_version,
+        "authOptions": ray_auth.auth_options(stack.security.ray_auth, kind, obj.name),
         "enableInTreeAutoscaling": obj.min_replicas != obj.max_replicas,
         "headGroupSpec": head_group(image, obj.head, stack.cluster.cpu_pool.name),
         "workerGroupSpecs": [
@@ -176,11 +181,18 @@ def _cluster_spec(stack: StackConfig, obj: RayClusterConfig | RayServiceConfig) 
             )
         ],
     }
+    for group in (spec["headGroupSpec"], *spec["workerGroupSpecs"]):
+        metadata = group["template"].setdefault("metadata", {})
+        metadata.setdefault("labels", {})[RAY_OBJECT_LABEL] = obj.name
+    return spec
 
 
-def ray_cluster_spec(stack: StackConfig, cluster: RayClusterConfig) -> dict[str, Any]:
-    """``spec`` of the RayCluster ``cluster``: head on the CPU pool, one TPU worker group."""
-    return _cluster_spec(stack, cluster)
+def ray_cluster_spec(
+    stack: StackConfig, cluster: RayClusterConfig, kind: str = "RayCluster"
+) -> dict[str, Any]:
+    """``spec`` of the Ray cluster of ``cluster`` (a RayCluster's, or a RayJob's with
+    ``kind="RayJob"``): head on the CPU pool, one TPU worker group, token authentication."""
+    return _cluster_spec(stack, cluster, kind)
 
 
 def serve_config_v2(stack: StackConfig, service: RayServiceConfig) -> str:
@@ -205,7 +217,7 @@ def ray_service_spec(stack: StackConfig, service: RayServiceConfig) -> dict[str,
     """``spec`` of the RayService ``service``: its Serve config and its RayCluster."""
     return {
         "serveConfigV2": serve_config_v2(stack, service),
-        "rayClusterConfig": _cluster_spec(stack, service),
+        "rayClusterConfig": _cluster_spec(stack, service, "RayService"),
     }
 
 

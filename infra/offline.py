@@ -84,6 +84,8 @@ def _mock_state(type_: str, name: str, inputs: dict[str, Any]) -> dict[str, Any]
     elif type_ == "gcp:container/nodePool:NodePool":
         state.setdefault("name", name)
         state["instanceGroupUrls"] = [f"https://compute.googleapis.com/mock/igm/{state['name']}"]
+    elif type_ == "random:index/randomPassword:RandomPassword":
+        state["result"] = f"mock-password-{name}"  # the provider generates it at create
     elif type_ == "gcp:compute/resourcePolicy:ResourcePolicy":
         state.setdefault("name", name)
         state["selfLink"] = f"https://compute.googleapis.com/mock/resourcePolicies/{state['name']}"

@@ -42,12 +42,25 @@ class RayKind:
     delete_before_replace: bool = False
 
 
-def _head_outputs(obj: RayObjectConfig, _manifest: Manifest) -> dict[str, Any]:
+def _auth_outputs(manifest: Manifest) -> dict[str, Any]:
+    """How a client authenticates (never the token): ``auth`` and the token Secret's name."""
+    spec = manifest["spec"]
+    cluster = spec.get("rayClusterConfig") or spec.get("rayClusterSpec") or spec
+    options = cluster.get("authOptions") or {}
+    if options.get("mode") != "token":
+        return {"auth": "none"}
+    if options.get("enableK8sTokenAuth"):
+        return {"auth": "kubernetes"}
+    return {"auth": "secret", "authSecret": options["secretName"]}
+
+
+def _head_outputs(obj: RayObjectConfig, manifest: Manifest) -> dict[str, Any]:
     return {
         "namespace": obj.namespace,
         "slice": obj.slice,
         "headService": kuberay.head_service_name(obj.name),
         "dashboardPort": DASHBOARD_PORT,
+        **_auth_outputs(manifest),
     }
 
 
@@ -56,7 +69,12 @@ def _service_outputs(obj: RayServiceConfig, manifest: Manifest) -> dict[str, Any
 
 
 def _job_outputs(obj: RayJobConfig, manifest: Manifest) -> dict[str, Any]:
-    return {"namespace": obj.namespace, "slice": obj.slice, "entrypoint": entrypoint(manifest)}
+    return {
+        "namespace": obj.namespace,
+        "slice": obj.slice,
+        "entrypoint": entrypoint(manifest),
+        **_auth_outputs(manifest),
+    }
 
 
 def entrypoint(manifest: Manifest) -> str:

@@ -13,7 +13,9 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+import pulumi_random as random
 
+from infra import ray_access, ray_auth
 from infra.config import StackConfig
 from infra.ray_kinds import RayKind, RayObjectConfig
 
@@ -37,6 +39,47 @@ class RayObject(pulumi.ComponentResource):
     ) -> None:
         super().__init__(f"ray-tpu:infra:{args.kind.kind}", name, None, opts)
         manifest = args.kind.build(args.stack, args.config, args.stack_name)
+        obj, security = args.config, args.stack.security
+        child = pulumi.ResourceOptions(
+            parent=self, provider=args.provider, depends_on=list(args.depends_on)
+        )
+        self.credential = ray_auth.credential(security.ray_auth, args.kind.kind)
+        needs: list[pulumi.Resource] = list(args.depends_on)
+        if self.credential == "secret":
+            # The provider generates the token once and keeps it (secret) in the stack's state;
+            # rotate it with `pulumi up --replace <this RandomPassword's URN>` (docs/security.md).
+            self.auth_token = random.RandomPassword(
+                f"{name}-auth-token",
+                length=48,
+                special=False,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            self.auth_secret = k8s.core.v1.Secret(
+                f"{name}-auth",
+                metadata=ray_access.token_secret_metadata(obj.name, obj.namespace),
+                string_data={ray_auth.TOKEN_KEY: self.auth_token.result},
+                opts=child,
+            )
+            needs.append(self.auth_secret)
+        if self.credential == "kubernetes":
+            role = ray_access.ray_write_role(obj.name, obj.namespace)
+            self.ray_write_role = k8s.rbac.v1.Role(
+                f"{name}-ray-write", metadata=role["metadata"], rules=role["rules"], opts=child
+            )
+            binding = ray_access.ray_write_binding(obj.name, obj.namespace, "default")
+            self.ray_write_binding = k8s.rbac.v1.RoleBinding(
+                f"{name}-ray-write",
+                metadata=binding["metadata"],
+                role_ref=binding["roleRef"],
+                subjects=binding["subjects"],
+                opts=pulumi.ResourceOptions.merge(
+                    child, pulumi.ResourceOptions(depends_on=[self.ray_write_role])
+                ),
+            )
+        policy = ray_access.network_policy(obj.name, obj.namespace, security)
+        self.network_policy = k8s.networking.v1.NetworkPolicy(
+            f"{name}-ray-ports", metadata=policy["metadata"], spec=policy["spec"], opts=child
+        )
         self.resource = k8s.apiextensions.CustomResource(
             name,
             api_version=manifest["apiVersion"],
@@ -46,7 +89,7 @@ class RayObject(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=args.provider,
-                depends_on=list(args.depends_on),
+                depends_on=needs,
                 delete_before_replace=args.kind.delete_before_replace,
             ),
         )

@@ -55,7 +55,7 @@ def ray_job_spec(stack: StackConfig, job: RayJobConfig, *, stack_name: str = "")
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": job.ttl_seconds_after_finished,
         "submissionMode": SUBMISSION_MODE,
-        "rayClusterSpec": kuberay.ray_cluster_spec(stack, job.cluster),
+        "rayClusterSpec": kuberay.ray_cluster_spec(stack, job.cluster, "RayJob"),
     }
     if job.active_deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = job.active_deadline_seconds

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from policies.model import CLUSTER, NODE_POOL, SERVICE, ResourceLike, is_ingress, ray_kind
-from policies.rules import exposure, node_pool, ray_groups, ray_version, stack
+from policies.rules import exposure, node_pool, ray_groups, ray_version, security, stack
 from policies.values import get, plain
 from raytpu.catalog import WORKLOAD_POLICY_TYPE
 
@@ -50,6 +50,8 @@ class PolicySpec:
     """Resource policies: which type tokens the rule reads."""
     remediation: str = ""
     options: tuple[Option, ...] = field(default=())
+    enforcement: str = DEFAULT_ENFORCEMENT
+    """The level unless policy config says otherwise."""
 
     def run(self, target: Any, config: Mapping[str, Any] | None = None) -> list[str]:
         """Violations of ``target`` (props of one resource, or the stack's resources)."""
@@ -175,6 +177,41 @@ POLICIES: tuple[PolicySpec, ...] = (
         remediation="Use ClusterIP and kubectl port-forward or IAP to reach the Ray head.",
     ),
     PolicySpec(
+        name="ray-token-auth",
+        description=(
+            "Every RayCluster, RayService and RayJob runs Ray with token authentication "
+            "(authOptions.mode: token): Ray's dashboard, client and GCS ports run arbitrary code."
+        ),
+        kind="resource",
+        rule=_ray_rule(security.check_ray_auth),
+        applies_to=_is_ray,
+        remediation=(
+            "Set authOptions {mode: token, enableK8sTokenAuth: true} (RayCluster) or "
+            "{mode: token}; relax this policy in policy config only with a reason."
+        ),
+    ),
+    PolicySpec(
+        name="no-plain-secrets",
+        description=(
+            "No literal credential (a TOKEN / SECRET / PASSWORD / KEY variable) in a Ray pod's "
+            "env or a runtimeEnv's env_vars."
+        ),
+        kind="resource",
+        rule=_ray_rule(security.check_secret_values),
+        applies_to=_is_ray,
+        remediation="Keep credentials in Kubernetes Secrets and reference them (secretKeyRef).",
+    ),
+    PolicySpec(
+        name="ray-network-policy",
+        description="Every namespace declared with a KubeRay object in it has a NetworkPolicy around Ray's ports.",
+        kind="stack",
+        rule=security.check_network_policies,
+        remediation=(
+            "Declare a NetworkPolicy that admits only the Ray object's pods, the metrics scraper "
+            "and the KubeRay operator (the program does: infra/ray_access.py)."
+        ),
+    ),
+    PolicySpec(
         name="workload-identity",
         description="A GKE cluster runs Workload Identity (workloadIdentityConfig.workloadPool).",
         kind="resource",
@@ -201,7 +238,7 @@ class Settings:
 def settings(config: Mapping[str, Any] | None = None) -> Settings:
     """Reads Pulumi-style policy config; raises PolicyConfigError naming key, value, valid values."""
     config = dict(config or {})
-    levels = {p.name: DEFAULT_ENFORCEMENT for p in POLICIES}
+    levels = {p.name: p.enforcement for p in POLICIES}
     options: dict[str, dict[str, Any]] = {p.name: {} for p in POLICIES}
     valid_names = ", ".join(["all", *BY_NAME])
     if "all" in config:

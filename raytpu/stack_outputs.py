@@ -101,6 +101,11 @@ class RayHead:
     serve_service: str | None = None
     replicas: int | None = None
     """Slices its TPU worker group holds (optional output; else the slice's ``count``)."""
+    auth: str = "none"
+    """How a client authenticates to its Ray head: ``kubernetes`` (the user's own Kubernetes
+    credentials), ``secret`` (the token in :attr:`auth_secret`, read through the Kubernetes API)
+    or ``none``. Older stacks without the output: ``none``."""
+    auth_secret: str | None = None
 
     def port_forward_command(self, local_port: int = DEFAULT_DASHBOARD_PORT) -> str:
         """The command that makes the head's Job Submission API reachable on localhost."""
@@ -233,7 +238,26 @@ def _parse_head(kind: str, name: str, raw: Any, path: str, slices: Mapping[str, 
         dashboard_port=_int(raw, "dashboardPort", path, default=DEFAULT_DASHBOARD_PORT),
         serve_service=serve_service,
         replicas=_int(raw, "replicas", path) if "replicas" in raw else None,
+        **_auth(raw, path),
     )
+
+
+AUTH_KINDS = ("kubernetes", "secret", "none")
+
+
+def _auth(raw: Mapping[str, Any], path: str) -> dict[str, Any]:
+    auth = raw.get("auth", "none")
+    if auth not in AUTH_KINDS:
+        raise StackOutputsError(
+            f"{path}.auth: {auth!r} is not valid; valid: {', '.join(AUTH_KINDS)}"
+        )
+    secret = raw.get("authSecret")
+    if auth == "secret" and (not isinstance(secret, str) or not secret):
+        raise StackOutputsError(
+            f"{path}.authSecret: {secret!r} is not valid; valid: the token Secret's name "
+            "(auth is secret)"
+        )
+    return {"auth": auth, "auth_secret": secret if auth == "secret" else None}
 
 
 def parse_outputs(raw: Any, stack: str) -> StackOutputs:

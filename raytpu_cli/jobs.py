@@ -193,7 +193,13 @@ def _local_port(address: str) -> int:
     return urlparse(address).port or stack_outputs.DEFAULT_DASHBOARD_PORT
 
 
-def check_head(address: str, head: RayHead, *, timeout_s: float = HEAD_CHECK_TIMEOUT_S) -> str:
+def check_head(
+    address: str,
+    head: RayHead,
+    *,
+    timeout_s: float = HEAD_CHECK_TIMEOUT_S,
+    headers: Mapping[str, str] | None = None,
+) -> str:
     """The Ray version the head at ``address`` runs; :class:`HeadUnreachableError` if none answers.
 
     Bounded by ``timeout_s`` (connect and read), so a dead port-forward fails fast.
@@ -207,12 +213,24 @@ def check_head(address: str, head: RayHead, *, timeout_s: float = HEAD_CHECK_TIM
     )
     url = address.rstrip("/") + "/api/version"
     try:
-        response = requests.get(url, timeout=timeout_s)
+        response = requests.get(url, timeout=timeout_s, headers=dict(headers or {}))
     except requests.exceptions.RequestException as error:
         reason = type(error).__name__
         raise HeadUnreachableError(
             f"Ray head not reachable at {address} ({reason}).\n{hint}"
         ) from error
+    if response.status_code in (401, 403):
+        how = (
+            f"Kubernetes RBAC must grant you the verb ray:write on rayclusters/{head.name} in "
+            f"namespace {head.namespace} (check: kubectl auth can-i ray:write "
+            f"rayclusters/{head.name} -n {head.namespace})"
+            if head.auth == "kubernetes"
+            else "its token comes from the stack's Secret (ray-tpu:security, docs/security.md)"
+        )
+        raise SubmitError(
+            f"the Ray head of {head.kind} {head.name!r} refused the credential "
+            f"(HTTP {response.status_code}): {how}"
+        )
     if response.status_code != 200:
         raise HeadUnreachableError(
             f"{url} answered HTTP {response.status_code}: not a Ray dashboard.\n{hint}"
@@ -225,7 +243,9 @@ def check_head(address: str, head: RayHead, *, timeout_s: float = HEAD_CHECK_TIM
         ) from error
 
 
-def _client(address: str, request_timeout_s: float) -> Any:
+def _client(
+    address: str, request_timeout_s: float, headers: Mapping[str, str] | None = None
+) -> Any:
     """A ``JobSubmissionClient`` whose every HTTP request has a timeout (the SDK sets none)."""
     from ray.job_submission import JobSubmissionClient
 
@@ -234,7 +254,7 @@ def _client(address: str, request_timeout_s: float) -> Any:
             kwargs.setdefault("timeout", request_timeout_s)
             return super()._do_request(method, endpoint, **kwargs)
 
-    return _TimedJobSubmissionClient(address)
+    return _TimedJobSubmissionClient(address, headers=dict(headers or {}) or None)
 
 
 # --- the job ----------------------------------------------------------------------------------
@@ -321,12 +341,14 @@ def submit(
     poll_s: float = POLL_INTERVAL_S,
     request_timeout_s: float = REQUEST_TIMEOUT_S,
     on_logs: Callable[[str], None] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> SubmitResult:
     """Submit ``request``; with ``wait``, follow its logs until it ends or ``timeout_s`` passes.
 
-    The caller has checked the head with :func:`check_head`.
+    The caller has checked the head with :func:`check_head`. ``headers`` carry the credential
+    (:func:`raytpu_cli.ray_credentials.auth_headers`).
     """
-    client = _client(address, request_timeout_s)
+    client = _client(address, request_timeout_s, headers)
     started = time.monotonic()
     job_id = client.submit_job(
         entrypoint=request.entrypoint,

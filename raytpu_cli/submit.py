@@ -33,6 +33,7 @@ from raytpu_cli.jobs import (
     stage_working_dir,
     submit,
 )
+from raytpu_cli.ray_credentials import CredentialError, auth_headers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -127,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         head = choose_head(
             outputs, workload=workload, cluster=args.cluster, slice_name=args.slice_name
         )
-        ray_version = check_head(args.address, head)
+        headers = auth_headers(head)
+        ray_version = check_head(args.address, head, headers=headers)
         with tempfile.TemporaryDirectory(prefix="raytpu-job-") as tmp:
             working_dir = stage_working_dir(Path(tmp))
             request = build_request(job, outputs, head, working_dir, pip=args.pip, env=env, raw=raw)
@@ -144,11 +146,12 @@ def run(args: argparse.Namespace) -> int:
                 wait=args.wait,
                 timeout_s=args.timeout,
                 on_logs=lambda text: print(text, end="", flush=True),
+                headers=headers,
             )
     except StackOutputsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except SubmitError as error:
+    except (SubmitError, CredentialError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"job {result.job_id}: {result.status}", file=sys.stderr)

@@ -63,6 +63,12 @@ class LocalRay:
     gcs_address: str
     temp_dir: Path
     processes: list[tuple[subprocess.Popen[bytes], Path]] = field(default_factory=list)
+    token: str | None = None
+    """With token authentication (``RAY_AUTH_MODE=token``): the token every request needs."""
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def add_host(
         self,
@@ -91,7 +97,7 @@ class LocalRay:
                     "--object-store-memory=100000000",
                 ],
                 self.temp_dir / f"node-{len(self.processes)}-{attempt}.log",
-                env,
+                {**env, **_auth_env(self.token)},
             )
             self.processes.append((process, log))
             try:
@@ -106,7 +112,9 @@ class LocalRay:
     def alive_nodes(self) -> int:
         """Nodes the dashboard's state API reports ALIVE (0 while it does not answer)."""
         try:
-            reply = requests.get(f"{self.address}/api/v0/nodes", timeout=5).json()
+            reply = requests.get(
+                f"{self.address}/api/v0/nodes", timeout=5, headers=self.headers
+            ).json()
             nodes = reply["data"]["result"]["result"]
         except (requests.exceptions.RequestException, KeyError, TypeError, ValueError):
             return 0
@@ -176,13 +184,18 @@ def _start(
     return process, log
 
 
-def _start_head(head_cpus: int, timeout_s: float) -> LocalRay:
+def _auth_env(token: str | None) -> dict[str, str]:
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token} if token else {}
+
+
+def _start_head(head_cpus: int, timeout_s: float, token: str | None = None) -> LocalRay:
     gcs, dashboard, client = free_ports(3)
     temp_dir = Path(tempfile.mkdtemp(prefix="rtd", dir="/tmp"))  # short: Ray's socket paths
     cluster = LocalRay(
         address=f"http://127.0.0.1:{dashboard}",
         gcs_address=f"127.0.0.1:{gcs}",
         temp_dir=temp_dir,
+        token=token,
     )
     cluster.processes.append(
         _start(
@@ -200,7 +213,7 @@ def _start_head(head_cpus: int, timeout_s: float) -> LocalRay:
                 "--object-store-memory=100000000",
             ],
             temp_dir / "head.log",
-            {"JAX_PLATFORMS": "cpu"},
+            {"JAX_PLATFORMS": "cpu", **_auth_env(token)},
         )
     )
     try:
@@ -212,14 +225,17 @@ def _start_head(head_cpus: int, timeout_s: float) -> LocalRay:
 
 
 @contextmanager
-def local_ray(*, head_cpus: int = 1, timeout_s: float = START_TIMEOUT_S) -> Iterator[LocalRay]:
+def local_ray(
+    *, head_cpus: int = 1, timeout_s: float = START_TIMEOUT_S, token: str | None = None
+) -> Iterator[LocalRay]:
     """A Ray head with the dashboard on free ports in a fresh temp dir; stopped on exit.
+    With ``token``, the head runs Ray's token authentication (``RAY_AUTH_MODE=token``).
 
     A head that dies while starting is started again on new ports, at most :data:`ATTEMPTS`
     times."""
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            cluster = _start_head(head_cpus, timeout_s)
+            cluster = _start_head(head_cpus, timeout_s, token)
             break
         except RayNodesError:
             if attempt == ATTEMPTS:

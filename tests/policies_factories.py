@@ -87,6 +87,7 @@ def cluster_spec(
 ) -> dict[str, Any]:
     return {
         "rayVersion": ray_version,
+        "authOptions": {"mode": "token"},
         "headGroupSpec": {
             "rayStartParams": {},
             "template": {

@@ -75,7 +75,7 @@ def test_ray_job_spec_fields(dev_raw: dict[str, Any]) -> None:
     assert spec["ttlSecondsAfterFinished"] == 120
     assert spec["activeDeadlineSeconds"] == 7200
     # The RayJob's cluster is the same spec a RayCluster on that slice gets, from the catalog.
-    assert spec["rayClusterSpec"] == kuberay.ray_cluster_spec(stack, job.cluster)
+    assert spec["rayClusterSpec"] == kuberay.ray_cluster_spec(stack, job.cluster, "RayJob")
     (group,) = spec["rayClusterSpec"]["workerGroupSpecs"]
     assert (group["numOfHosts"], group["replicas"]) == (2, 1)  # v6e 2x4 on 4-chip hosts
     limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]

@@ -479,6 +479,7 @@ def test_dev_stack_outputs(runs: dict[str, ProgramRun]) -> None:
             "slice": "train",
             "headService": "train-head-svc",
             "dashboardPort": 8265,
+            "auth": "kubernetes",  # a standalone RayCluster: Kubernetes-RBAC tokens
         },
     }
     assert outputs["rayServices"] == {
@@ -488,6 +489,8 @@ def test_dev_stack_outputs(runs: dict[str, ProgramRun]) -> None:
             "headService": "serve-head-svc",
             "serveService": "serve-serve-svc",
             "dashboardPort": 8265,
+            "auth": "secret",  # KubeRay supports RBAC tokens for RayClusters only
+            "authSecret": "serve-ray-auth",
         },
     }
 

@@ -48,16 +48,30 @@ def test_kuberay_samples_fail_only_on_their_old_ray(capsys, sample):
     code, result = check_json(capsys, str(sample))
     assert code == 1
     assert result["errors"] == []
-    policies = {v["policy"] for v in result["violations"]}
-    assert policies == {"pinned-ray-version"}, result["violations"]
-    assert all("2.52.0" in v["message"] and v["file"] == str(sample) for v in result["violations"])
+    by_policy = {v["policy"]: v for v in result["violations"]}
+    # Ray 2.52.0 is too old for slice placement; and the samples run Ray without a token.
+    assert set(by_policy) == {"pinned-ray-version", "ray-token-auth"}, result["violations"]
+    pinned = [v for v in result["violations"] if v["policy"] == "pinned-ray-version"]
+    assert all("2.52.0" in v["message"] and v["file"] == str(sample) for v in pinned)
+    assert "authOptions.mode: not set" in by_policy["ray-token-auth"]["message"]
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=[p.stem for p in SAMPLES])
 def test_kuberay_samples_pass_once_ray_is_pinned_to_2_60(capsys, tmp_path, sample):
-    documents = [_bump_ray(d, "2.52.0", "2.60.0") for d in yaml.safe_load_all(sample.read_text())]
+    documents = [
+        _with_token_auth(_bump_ray(d, "2.52.0", "2.60.0"))
+        for d in yaml.safe_load_all(sample.read_text())
+    ]
     code, result = check_json(capsys, str(write_yaml(tmp_path / sample.name, *documents)))
     assert (code, result["violations"]) == (0, [])
+
+
+def _with_token_auth(document: dict) -> dict:
+    """``authOptions: {mode: token}`` on the Ray cluster spec of a KubeRay object."""
+    spec = document["spec"]
+    cluster = spec.get("rayClusterConfig") or spec.get("rayClusterSpec") or spec
+    cluster["authOptions"] = {"mode": "token"}
+    return document
 
 
 def test_all_samples_in_one_call_name_each_file(capsys):

@@ -229,6 +229,7 @@ class LocalSliceCluster:
         # The address is fixed up front so every node's processes get RAY_ADDRESS: Ray's own
         # helpers that auto-detect "the" cluster (Ray Train's PlacementGroupCleaner uses the
         # state API) would otherwise fail when other Ray instances run on this machine.
+        enable_token_auth()
         gcs_port = free_port()
         address = f"{ray.util.get_node_ip_address()}:{gcs_port}"
         self._gcs_address = address  # known before any process starts: stop() can find them all
@@ -366,6 +367,32 @@ class LocalSliceCluster:
             }
             for host in self.hosts
         ]
+
+
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
+
+
+def enable_token_auth() -> bool:
+    """Run local clusters with Ray's token authentication, as Ray 2.59+ does for ``ray.init()``.
+
+    Unless ``RAY_AUTH_MODE`` is set explicitly (``disabled`` opts out), this process gets
+    ``RAY_AUTH_MODE=token`` and a random ``RAY_AUTH_TOKEN`` (one per process, in its environment
+    only: the nodes it starts inherit it, as KubeRay injects it into every pod; nothing is written
+    to a shared disk). Returns whether token authentication is on.
+    """
+    mode = os.environ.get(AUTH_MODE_ENV)
+    if mode is not None:
+        return mode.lower() == "token"
+    import secrets
+
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    os.environ[AUTH_MODE_ENV] = "token"
+    os.environ.setdefault(AUTH_TOKEN_ENV, secrets.token_hex(32))
+    Config.initialize("")  # Ray caches its config at import: let this process see token mode
+    AuthenticationTokenLoader.instance().reset_cache()
+    return True
 
 
 def kill_cluster_processes(gcs_address: str, *, timeout_s: float = 10.0) -> int:

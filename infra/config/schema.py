@@ -147,6 +147,23 @@ class RayJobConfig(RayClusterConfig):
         return RayClusterConfig(**{f.name: getattr(self, f.name) for f in fields(RayClusterConfig)})
 
 
+RAY_AUTH_MODES = ("kubernetes", "token", "disabled")
+"""``ray-tpu:security.rayAuth``: Kubernetes-RBAC tokens where KubeRay supports them, a token
+Secret per object, or (explicitly, with a reason) none."""
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    """``ray-tpu:security``: who may talk to Ray's control plane (docs/security.md)."""
+
+    ray_auth: str = "kubernetes"
+    disabled_reason: str | None = None
+    operator_namespaces: tuple[str, ...] = ("kube-system",)
+    """Namespaces whose pods (the KubeRay operator) may reach a head's dashboard and Serve ports."""
+    scraper_namespaces: tuple[str, ...] = ("gmp-system",)
+    """Namespaces whose pods (Managed Prometheus collectors) may reach Ray's metrics port."""
+
+
 @dataclass(frozen=True)
 class StackConfig:
     """Everything one stack declares."""
@@ -160,6 +177,7 @@ class StackConfig:
     ray_clusters: tuple[RayClusterConfig, ...]
     ray_services: tuple[RayServiceConfig, ...]
     ray_jobs: tuple[RayJobConfig, ...] = ()
+    security: SecurityConfig = SecurityConfig()
 
     def slice(self, name: str) -> SliceConfig:
         for candidate in self.slices:

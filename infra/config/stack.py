@@ -18,6 +18,7 @@ from infra.config.schema import (
     SliceConfig,
     StackConfig,
 )
+from infra.config.security import parse_security
 from infra.config.slices import parse_slice
 from infra.config.values import (
     DEFAULT_RAY_IMAGE,
@@ -38,6 +39,7 @@ _TOP_KEYS = (
     "rayJobs",
     "rayVersion",
     "rayImage",
+    "security",
 )
 
 
@@ -180,10 +182,13 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
             f"flex-start TPU slices: {', '.join(flex)}",
         )
 
+    security = parse_security(problems, raw.get(f"{NAMESPACE}:security"))
+
     if problems.errors:
         raise ConfigError(problems.errors)
-    assert project and region and cluster and ray_version and image  # guaranteed by no errors
+    assert project and region and cluster and ray_version and image and security  # no errors
     return StackConfig(
+        security=security,
         project=project,
         region=region,
         cluster=cluster,
