@@ -166,6 +166,22 @@ def test_good_manifests_and_a_kind_list_pass(capsys, tmp_path):
     assert (code, result["violations"], result["files"][0]["resources"]) == (0, [], 3)
 
 
+def test_tpu_only_in_limits_is_an_advisory_finding_and_exits_zero(capsys, tmp_path):
+    limits_only = edit(
+        good_cluster(),
+        "spec.workerGroupSpecs[0].template.spec.containers[0].resources.requests",
+        {},
+    )
+    code, result = check_json(capsys, str(write_yaml(tmp_path / "k8s.yaml", limits_only)))
+    assert code == 0
+    (finding,) = result["violations"]
+    assert (finding["policy"], finding["enforcement"]) == (
+        "ray-tpu-worker-groups-advisory",
+        "advisory",
+    )
+    assert "Kubernetes defaults requests to limits" in finding["message"]
+
+
 def test_advisory_config_reports_but_exits_zero(capsys, tmp_path):
     path = write_yaml(
         tmp_path / "k8s.yaml", edit(good_cluster(), "spec.workerGroupSpecs[0].numOfHosts", 3)
