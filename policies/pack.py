@@ -157,6 +157,7 @@ POLICIES: tuple[PolicySpec, ...] = (
         remediation=(
             f"Declare the ResourcePolicy ({WORKLOAD_POLICY_TYPE}, acceleratorTopology) in the stack."
         ),
+        advisories=True,
     ),
     PolicySpec(
         name="pinned-ray-version",
@@ -321,7 +322,7 @@ def _violation(
     name, level = spec.name, current.levels[spec.name]
     if isinstance(message, Advisory):
         name = spec.advisory_name or spec.name
-        companion = current.levels.get(name, "advisory")
+        companion = current.levels[name] if spec.advisory_name else "advisory"
         level = "advisory" if level == "advisory" and companion != "disabled" else companion
     if level == "disabled":
         return []

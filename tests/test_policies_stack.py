@@ -220,7 +220,7 @@ def tpu7x_stack(policy_topology: str, node_count: float):
             "tpu7x",
             "4x4x4",
             nodeCount=node_count,
-            placementPolicy={"type": "COMPACT", "policyName": "wp-0"},
+            placementPolicy={"type": "", "policyName": "wp-0"},
         ),
         ray("RayCluster", "c", tpu_group(TPU7X)),
     ]
@@ -406,6 +406,7 @@ def test_adapter_builds_mandatory_policies_of_both_kinds(pulumi_policies):
     assert {p.advisory_name for p in POLICIES if p.advisories} == {
         "tpu-node-pool-shape-advisory",
         "ray-tpu-worker-groups-advisory",
+        "tpu7x-workload-policy-advisory",
     }
     schema = pulumi_policies["pinned-ray-version"].config_schema
     assert schema.properties["minimumVersion"]["default"] == "2.55.0"
