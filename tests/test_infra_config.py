@@ -266,6 +266,13 @@ BAD_VALUES = [
         "has no tag",
     ),
     (
+        "image-template",
+        _set(("ray-tpu:rayImage",), "${RAY_IMAGE}"),
+        "ray-tpu:rayImage",
+        "'${RAY_IMAGE}'",
+        "is an unrendered template",
+    ),
+    (
         "image-other-ray",
         _set(("ray-tpu:rayImage",), "rayproject/ray:2.59.0-py311"),
         "ray-tpu:rayImage",
