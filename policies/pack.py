@@ -7,6 +7,11 @@ in Pulumi's own policy-config format (``--policy-pack-config``)::
 
     {"all": "advisory", "pinned-ray-version": {"enforcementLevel": "mandatory",
                                                "minimumVersion": "2.58.0"}}
+
+A rule may also return :class:`policies.rules.Advisory` messages (the object works, but something
+is worth changing). Those are reported under the companion policy ``<name>-advisory``, advisory by
+default (also on the Pulumi engine, whose violations carry the level of the policy that reports
+them); config can set that companion's level like any policy's.
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from policies.model import CLUSTER, NODE_POOL, SERVICE, ResourceLike, is_ingress, ray_kind
-from policies.rules import exposure, node_pool, ray_groups, ray_version, security, stack
+from policies.rules import Advisory, exposure, node_pool, ray_groups, ray_version, security, stack
 from policies.values import get, plain
 from raytpu.catalog import WORKLOAD_POLICY_TYPE
 
 ENFORCEMENT_LEVELS = ("mandatory", "advisory", "disabled")
 DEFAULT_ENFORCEMENT = "mandatory"
+ADVISORY_SUFFIX = "-advisory"
+"""Companion policy of a policy whose rule returns :class:`Advisory` findings."""
 
 
 class PolicyConfigError(ValueError):
@@ -50,8 +57,12 @@ class PolicySpec:
     """Resource policies: which type tokens the rule reads."""
     remediation: str = ""
     options: tuple[Option, ...] = field(default=())
-    enforcement: str = DEFAULT_ENFORCEMENT
-    """The level unless policy config says otherwise."""
+    advisories: bool = False
+    """The rule may return :class:`Advisory` findings (reported by ``<name>-advisory``)."""
+
+    @property
+    def advisory_name(self) -> str | None:
+        return f"{self.name}{ADVISORY_SUFFIX}" if self.advisories else None
 
     def run(self, target: Any, config: Mapping[str, Any] | None = None) -> list[str]:
         """Violations of ``target`` (props of one resource, or the stack's resources)."""
@@ -103,6 +114,7 @@ POLICIES: tuple[PolicySpec, ...] = (
         rule=node_pool.check_node_pool,
         applies_to=lambda t: t == NODE_POOL,
         remediation="Fix the node pool to the shape `raytpu catalog GEN TOPOLOGY` prints.",
+        advisories=True,
     ),
     PolicySpec(
         name="ray-tpu-worker-groups",
@@ -115,6 +127,7 @@ POLICIES: tuple[PolicySpec, ...] = (
         rule=_ray_rule(ray_groups.check_worker_groups),
         applies_to=_is_ray,
         remediation="Set numOfHosts, google.com/tpu and the node selectors from `raytpu catalog`.",
+        advisories=True,
     ),
     PolicySpec(
         name="tpu-slices-for-ray-groups",
@@ -144,6 +157,7 @@ POLICIES: tuple[PolicySpec, ...] = (
         remediation=(
             f"Declare the ResourcePolicy ({WORKLOAD_POLICY_TYPE}, acceleratorTopology) in the stack."
         ),
+        advisories=True,
     ),
     PolicySpec(
         name="pinned-ray-version",
@@ -222,6 +236,13 @@ POLICIES: tuple[PolicySpec, ...] = (
 )
 
 BY_NAME: dict[str, PolicySpec] = {p.name: p for p in POLICIES}
+COMPANIONS: dict[str, PolicySpec] = {p.advisory_name: p for p in POLICIES if p.advisory_name}
+"""Advisory companions by name (``tpu-node-pool-shape-advisory``)."""
+
+
+def policy_names() -> list[str]:
+    """Every policy the pack reports under: each policy, then its advisory companion if any."""
+    return [n for p in POLICIES for n in (p.name, p.advisory_name) if n]
 
 
 # ----------------------------------------------------------------------------- config
@@ -238,16 +259,22 @@ class Settings:
 def settings(config: Mapping[str, Any] | None = None) -> Settings:
     """Reads Pulumi-style policy config; raises PolicyConfigError naming key, value, valid values."""
     config = dict(config or {})
-    levels = {p.name: p.enforcement for p in POLICIES}
+    levels = {p.name: DEFAULT_ENFORCEMENT for p in POLICIES}
+    levels.update(dict.fromkeys(COMPANIONS, "advisory"))
     options: dict[str, dict[str, Any]] = {p.name: {} for p in POLICIES}
-    valid_names = ", ".join(["all", *BY_NAME])
+    valid_names = ", ".join(["all", *policy_names()])
     if "all" in config:
         level = _level("all", config.pop("all"))
-        levels = dict.fromkeys(levels, level)
+        levels = dict.fromkeys(levels, level)  # as Pulumi: every policy, companions included
     for name, value in config.items():
-        if name not in BY_NAME:
+        if name in COMPANIONS and not isinstance(value, Mapping):
+            levels[name] = _level(name, value)
+            continue
+        if name not in BY_NAME and name not in COMPANIONS:
             raise PolicyConfigError(f"{name}: {name!r} is not a policy; valid: {valid_names}")
-        spec = BY_NAME[name]
+        spec = BY_NAME.get(name) or COMPANIONS[name]
+        if name in COMPANIONS:
+            spec = PolicySpec(name, spec.description, spec.kind, spec.rule)  # no options
         if isinstance(value, str):
             levels[name] = _level(name, value)
             continue
@@ -313,14 +340,28 @@ def evaluate(
         opts = current.options[spec.name]
         if spec.kind == "stack":
             for message in spec.run(plain_resources, opts):
-                violations.append(Violation(spec.name, level, message))
+                violations += _violation(spec, current, message)
             continue
         for resource in plain_resources:
             if not spec.applies_to(resource.type):
                 continue
             for message in spec.run(resource.props, opts):
-                violations.append(Violation(spec.name, level, message, resource.original))
+                violations += _violation(spec, current, message, resource.original)
     return violations
+
+
+def _violation(
+    spec: PolicySpec, current: Settings, message: str, resource: ResourceLike | None = None
+) -> list[Violation]:
+    """The violation of one message: an :class:`Advisory` one under the spec's companion."""
+    name, level = spec.name, current.levels[spec.name]
+    if isinstance(message, Advisory):
+        name = spec.advisory_name or spec.name
+        companion = current.levels[name] if spec.advisory_name else "advisory"
+        level = "advisory" if level == "advisory" and companion != "disabled" else companion
+    if level == "disabled":
+        return []
+    return [Violation(name, level, str(message), resource)]
 
 
 @dataclass(frozen=True)
@@ -333,7 +374,9 @@ class _Plain:
 
 
 __all__ = [
+    "ADVISORY_SUFFIX",
     "BY_NAME",
+    "COMPANIONS",
     "POLICIES",
     "Option",
     "PolicyConfigError",
@@ -341,5 +384,6 @@ __all__ = [
     "Settings",
     "Violation",
     "evaluate",
+    "policy_names",
     "settings",
 ]

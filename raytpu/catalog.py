@@ -104,6 +104,10 @@ class Generation:
     """Multi-host pools take a ``WORKLOAD_POLICY_TYPE`` workload policy (a
     ``gcp.compute.ResourcePolicy`` named by ``placement_policy.policy_name``) instead of
     COMPACT placement with ``tpu_topology``."""
+    min_gke_version: str = ""
+    """Oldest GKE version whose TPU node pools run this generation (empty: any the add-on runs)."""
+    flex_start: bool = True
+    """Whether GKE offers flex-start provisioning for this generation (not for v4)."""
     cube_rule: bool = False
     """3D generations: beyond ``multi_host``, every ``AxBxC`` with A<=B<=C multiples of 4."""
     aliases: tuple[str, ...] = ()
@@ -145,6 +149,7 @@ _GENERATIONS: tuple[Generation, ...] = (
         max_chips=4096,
         peak_bf16_tflops=275,
         hbm_gib=32,
+        flex_start=False,
         cube_rule=True,
     ),
     Generation(
@@ -216,6 +221,7 @@ _GENERATIONS: tuple[Generation, ...] = (
         peak_bf16_tflops=2307,
         hbm_gib=192,
         workload_policy=True,
+        min_gke_version="1.34.0-gke.2201000",
         aliases=("v7x", "ironwood"),
     ),
 )

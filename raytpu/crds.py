@@ -1,4 +1,12 @@
-"""Validate KubeRay objects against the real CustomResourceDefinition schemas.
+"""Validate KubeRay objects against the real CustomResourceDefinition schemas, as the API server does.
+
+The Kubernetes API server does not validate the object it receives as it stands: for a custom
+resource with a structural schema it first drops every ``null`` on a field that is not
+``nullable`` and has no default (``command:`` with nothing after it), then applies the schema's
+``default`` values (a worker group without ``minReplicas`` gets 0, without ``maxReplicas``
+2147483647), and only then validates (Kubernetes docs, "Defaulting and Nullable"; KEP-575).
+:func:`admitted` does those two steps in that order on a copy, :func:`validate_spec` validates
+the result; a wrong type or a missing required field without a default stays an error.
 
 The schemas are read from ``$RAYTPU_KUBERAY_CRDS`` or, by default, ``../shared/kuberay/crds``
 beside the repository. Point the variable at CRDs exported from a live cluster
@@ -8,6 +16,7 @@ exactly the operator version GKE runs.
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 from pathlib import Path
@@ -30,7 +39,7 @@ def crds_dir() -> Path:
 
 
 @functools.cache
-def _validator(kind: str, directory: str) -> Draft202012Validator:
+def _spec_schema(kind: str, directory: str) -> dict[str, Any]:
     if kind not in KINDS:
         raise ValueError(f"kind: {kind!r} is not a KubeRay kind; valid: {', '.join(KINDS)}")
     path = Path(directory) / f"ray.io_{KINDS[kind]}.yaml"
@@ -45,18 +54,77 @@ def _validator(kind: str, directory: str) -> Draft202012Validator:
     versions = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     if not versions:
         raise CrdsMissingError(f"{path} has no v1 version")
-    spec_schema = versions[0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    return Draft202012Validator(spec_schema)
+    return versions[0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+@functools.cache
+def _validator(kind: str, directory: str) -> Draft202012Validator:
+    return Draft202012Validator(_spec_schema(kind, directory))
+
+
+def _field_schema(schema: Any, key: str) -> Any:
+    """The schema of ``key`` in an object of ``schema`` (properties, else additionalProperties)."""
+    if not isinstance(schema, dict):
+        return None
+    properties = schema.get("properties") or {}
+    if key in properties:
+        return properties[key]
+    extra = schema.get("additionalProperties")
+    return extra if isinstance(extra, dict) else None
+
+
+def _prune_nulls(value: Any, schema: Any) -> None:
+    """Step 1: drop nulls of fields that are neither ``nullable`` nor defaulted (in place)."""
+    if isinstance(value, dict):
+        for key in list(value):
+            sub = _field_schema(schema, key)
+            droppable = isinstance(sub, dict) and not sub.get("nullable") and "default" not in sub
+            if value[key] is None and droppable:
+                del value[key]
+                continue
+            _prune_nulls(value[key], sub)
+    elif isinstance(value, list):
+        items = schema.get("items") if isinstance(schema, dict) else None
+        for item in value:
+            _prune_nulls(item, items)
+
+
+def _apply_defaults(value: Any, schema: Any) -> None:
+    """Step 2: fill absent fields (and non-nullable nulls) with the schema's defaults (in place)."""
+    if not isinstance(schema, dict):
+        return
+    if isinstance(value, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if not isinstance(sub, dict) or "default" not in sub:
+                continue
+            if key not in value or (value[key] is None and not sub.get("nullable", False)):
+                value[key] = copy.deepcopy(sub["default"])
+        for key, item in value.items():
+            _apply_defaults(item, _field_schema(schema, key))
+    elif isinstance(value, list):
+        for item in value:
+            _apply_defaults(item, schema.get("items"))
+
+
+def admitted(kind: str, spec: Any) -> Any:
+    """A copy of ``spec`` as the API server validates it: non-nullable nulls pruned, defaults set."""
+    schema = _spec_schema(kind, str(crds_dir()))
+    result = copy.deepcopy(spec)
+    _prune_nulls(result, schema)
+    _apply_defaults(result, schema)
+    return result
 
 
 def validate_spec(kind: str, spec: Any) -> list[str]:
     """Schema errors of a ``spec`` of ``kind`` (empty when the API server would accept it).
 
-    Each error is ``"spec.path.to.field: message"``.
+    Validates :func:`admitted` (pruned and defaulted), as the API server does. Each error is
+    ``"spec.path.to.field: message"``.
     """
     validator = _validator(kind, str(crds_dir()))
     errors = []
-    for error in sorted(validator.iter_errors(spec), key=lambda e: list(e.absolute_path)):
+    found = validator.iter_errors(admitted(kind, spec))
+    for error in sorted(found, key=lambda e: list(e.absolute_path)):
         path = ".".join(str(p) for p in ("spec", *error.absolute_path))
         errors.append(f"{path}: {error.message}")
     return errors

@@ -13,6 +13,15 @@ MINIMUM_RAY_VERSION = "2.55.0"
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 _TAG_VERSION = re.compile(r"^v?(\d+\.\d+\.\d+)(?:$|[-_.+])")
+_TEMPLATE = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|\{\{.*?\}\}")
+"""A placeholder a manifest renderer fills in: ``$VLLM_IMAGE``, ``${IMAGE}``, ``{{ .Values.image }}``."""
+UNRENDERED = "is an unrendered template"
+
+
+def template_placeholder(image: str) -> str | None:
+    """The first template placeholder in ``image`` (``$VLLM_IMAGE``), or None for a real image."""
+    found = _TEMPLATE.search(image)
+    return found.group(0) if found else None
 
 
 def parse_version(text: str) -> tuple[int, int, int] | None:
@@ -27,6 +36,9 @@ def image_version(image: str) -> tuple[str | None, str]:
     ``rayproject/ray:2.60.0-py311`` -> ``"2.60.0"``; a custom image is fine when its tag starts
     with the version (``REGISTRY/ray:2.60.0-py311-abc123``, a digest may follow the tag).
     """
+    placeholder = template_placeholder(image)
+    if placeholder is not None:
+        return None, f"{UNRENDERED} ({placeholder} is filled in when the manifest is rendered)"
     name = image.split("@", 1)[0]
     last = name.rsplit("/", 1)[-1]
     if ":" not in last:

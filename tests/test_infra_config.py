@@ -266,6 +266,13 @@ BAD_VALUES = [
         "has no tag",
     ),
     (
+        "image-template",
+        _set(("ray-tpu:rayImage",), "${RAY_IMAGE}"),
+        "ray-tpu:rayImage",
+        "'${RAY_IMAGE}'",
+        "is an unrendered template",
+    ),
+    (
         "image-other-ray",
         _set(("ray-tpu:rayImage",), "rayproject/ray:2.59.0-py311"),
         "ray-tpu:rayImage",
@@ -523,3 +530,61 @@ def test_entrypoint_reads_older_engine_key_spelling(dev_raw: dict[str, Any]) -> 
     assert current.error is None and old.error is None
     assert sorted(r.urn for r in old.resources) == sorted(r.urn for r in current.resources)
     assert old.outputs["slices"] == current.outputs["slices"]
+
+
+def _slice(generation: str, topology: str, **extra: Any) -> Mutation:
+    def mutate(raw: dict[str, Any]) -> None:
+        entry = raw[S][1]
+        entry.pop("machineType", None)
+        entry.update(generation=generation, topology=topology, **extra)
+
+    return mutate
+
+
+# (id, mutation, error path or None when accepted, the reason the error must give)
+GATES = [
+    (
+        "tpu7x-on-gke-1.33",
+        _slice("tpu7x", "2x2x2"),
+        f"{C}.minMasterVersion: '1.33' is not valid; valid: a GKE version >= 1.34.0-gke.2201000",
+        "tpu7x slices need it: serve",
+    ),
+    (
+        "tpu7x-on-gke-1.34.0-gke.2200000",
+        _both(_slice("tpu7x", "2x2x1"), _set((C, "minMasterVersion"), "1.34.0-gke.2200000")),
+        f"{C}.minMasterVersion: '1.34.0-gke.2200000' is not valid",
+        "tpu7x slices need it: serve",
+    ),
+    (
+        "tpu7x-on-gke-1.34.0-gke.2201000",
+        _both(_slice("tpu7x", "2x2x2"), _set((C, "minMasterVersion"), "1.34.0-gke.2201000")),
+        None,
+        "",
+    ),
+    ("tpu7x-on-gke-1.35", _both(_slice("tpu7x", "2x2x2"), _set((C, "minMasterVersion"), "1.35")), None, ""),
+    (
+        "v4-flex-start",
+        _slice("v4", "2x2x2", provisioning="flex-start"),
+        f"{S}[1].provisioning: 'flex-start' is not valid; valid: on-demand, spot, reservation",
+        "GKE does not offer flex-start for v4 TPUs",
+    ),
+    ("v5p-flex-start", _slice("v5p", "2x2x2", provisioning="flex-start"), None, ""),
+    ("v4-spot", _slice("v4", "2x2x2"), None, ""),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mutate", "error", "reason"), [g[1:] for g in GATES], ids=[g[0] for g in GATES]
+)
+def test_config_gates_refuse_with_their_reason(
+    dev_raw: dict[str, Any], mutate: Mutation, error: str | None, reason: str
+) -> None:
+    mutate(dev_raw)
+    if error is None:
+        assert isinstance(parse_config(dev_raw), StackConfig)
+        return
+    with pytest.raises(ConfigError) as caught:
+        parse_config(dev_raw)
+    matching = [e for e in caught.value.errors if e.startswith(error)]
+    assert matching, caught.value.errors
+    assert f"({reason})" in matching[0], matching[0]

@@ -69,15 +69,16 @@ def test_builder_objects_validate(crd_dir: Path, stack: str) -> None:
         assert crds.validate_object(obj) == [], obj["metadata"]["name"]
 
 
-def _samples(directory: Path) -> list[Path]:
-    folder = directory.parent / "samples"
-    return sorted(folder.glob("*.yaml")) if folder.is_dir() else []
+def _samples(directory: Path, folder: str) -> list[Path]:
+    found = directory.parent / folder
+    return sorted(found.rglob("*.yaml")) if found.is_dir() else []
 
 
-def test_kuberay_tpu_samples_validate(crd_dir: Path) -> None:
-    samples = _samples(crd_dir)
+@pytest.mark.parametrize("folder", ["samples", "samples-v1.7.0"])
+def test_kuberay_tpu_samples_validate(crd_dir: Path, folder: str) -> None:
+    samples = _samples(crd_dir, folder)
     if not samples:
-        pytest.skip(f"no KubeRay samples in {crd_dir.parent / 'samples'}: sample check NOT run")
+        pytest.skip(f"no KubeRay samples in {crd_dir.parent / folder}: sample check NOT run")
     kinds = set()
     for path in samples:
         with path.open() as handle:
@@ -87,6 +88,89 @@ def test_kuberay_tpu_samples_validate(crd_dir: Path) -> None:
             assert crds.validate_object(document) == [], path.name
             kinds.add(document["kind"])
     assert kinds == {"RayCluster", "RayJob", "RayService"}
+
+
+def _interactive_job() -> dict[str, Any]:
+    """The shape of KubeRay's ``ray-job.interactive-mode.yaml`` sample: an empty ``jobId``, a
+    worker group with neither minReplicas nor maxReplicas (the CRD defaults them)."""
+    container = {"name": "ray-worker", "image": "rayproject/ray:2.60.0"}
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": "rayjob-interactive-mode"},
+        "spec": {
+            "submissionMode": "InteractiveMode",
+            "jobId": "",
+            "rayClusterSpec": {
+                "rayVersion": "2.60.0",
+                "headGroupSpec": {"template": {"spec": {"containers": [dict(container)]}}},
+                "workerGroupSpecs": [
+                    {
+                        "groupName": "default-group",
+                        "replicas": 1,
+                        "template": {"spec": {"containers": [dict(container)]}},
+                    }
+                ],
+            },
+        },
+    }
+
+
+def _worker(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+
+
+Edit = Callable[[dict[str, Any]], Any]
+
+# What the API server accepts because it prunes non-nullable nulls and applies schema defaults
+# before it validates (each was a false `kuberay-crd-schema` violation before).
+ADMITTED: list[tuple[str, Edit]] = [
+    ("interactive-mode-sample", lambda o: None),
+    ("no-min-max-replicas", lambda o: _worker(o).update(replicas=2)),
+    ("empty-command", lambda o: _worker(o)["template"]["spec"]["containers"][0].update(command=None)),
+    ("null-args-and-env", lambda o: _worker(o)["template"]["spec"]["containers"][0].update(args=None, env=None)),
+    ("null-numOfHosts-defaults-to-1", lambda o: _worker(o).update(numOfHosts=None)),
+    ("null-ports-protocol", lambda o: _worker(o)["template"]["spec"]["containers"][0].update(ports=[{"containerPort": 8000, "protocol": None}])),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("edit", [c[1] for c in ADMITTED], ids=[c[0] for c in ADMITTED])
+def test_api_server_admits_after_pruning_and_defaulting(crd_dir: Path, edit: Edit) -> None:
+    obj = _interactive_job()
+    edit(obj)
+    assert crds.validate_object(obj) == []
+
+
+def test_admitted_shows_the_defaults_and_the_pruned_nulls(crd_dir: Path) -> None:
+    obj = _interactive_job()
+    _worker(obj)["template"]["spec"]["containers"][0]["command"] = None
+    spec = crds.admitted("RayJob", obj["spec"])
+    group = spec["rayClusterSpec"]["workerGroupSpecs"][0]
+    assert (group["minReplicas"], group["maxReplicas"], group["numOfHosts"]) == (0, 2147483647, 1)
+    assert "command" not in group["template"]["spec"]["containers"][0]
+    assert "minReplicas" not in _worker(obj), "admitted() must not change its input"
+
+
+# Real errors stay errors: a default never fixes a wrong type, and a required field without a
+# default is still required.
+STILL_REJECTED: list[tuple[str, Edit, str]] = [
+    ("minReplicas-text", lambda o: _worker(o).update(minReplicas="0"), "spec.rayClusterSpec.workerGroupSpecs.0.minReplicas"),
+    ("replicas-text", lambda o: _worker(o).update(replicas="1"), "spec.rayClusterSpec.workerGroupSpecs.0.replicas"),
+    ("no-groupName", lambda o: _worker(o).pop("groupName"), "spec.rayClusterSpec.workerGroupSpecs.0"),
+    ("null-groupName", lambda o: _worker(o).update(groupName=None), "spec.rayClusterSpec.workerGroupSpecs.0"),
+    ("command-text", lambda o: _worker(o)["template"]["spec"]["containers"][0].update(command="python"), "spec.rayClusterSpec.workerGroupSpecs.0.template.spec.containers.0.command"),
+    ("no-container-name", lambda o: _worker(o)["template"]["spec"]["containers"][0].pop("name"), "spec.rayClusterSpec.workerGroupSpecs.0.template.spec.containers.0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("edit", "path"), [c[1:] for c in STILL_REJECTED], ids=[c[0] for c in STILL_REJECTED]
+)
+def test_real_schema_errors_still_fail(crd_dir: Path, edit: Edit, path: str) -> None:
+    obj = _interactive_job()
+    edit(obj)
+    errors = crds.validate_object(obj)
+    assert any(e.startswith(f"{path}: ") for e in errors), errors
 
 
 Break = Callable[[dict[str, Any]], None]

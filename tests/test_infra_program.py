@@ -118,24 +118,28 @@ def test_no_helm_install_of_kuberay(runs: dict[str, ProgramRun], stack: str) -> 
 
 # ---------------------------------------------------------------------------- node pools
 
-# (stack, pool): machine type, hosts, tpuTopology (None: single host), zone, min nodes,
+FIXED, TO_ZERO = "fixed", "scale-to-zero"
+"""The two node-count forms: ``nodeCount`` == hosts and no autoscaling; or autoscaling 0..hosts
+with ``initialNodeCount`` (0 for flex-start) and no ``nodeCount`` (docs/infra.md)."""
+
+# (stack, pool): machine type, hosts, tpuTopology (None: single host), zone, node-count form,
 # provisioning, reservation
 TPU_POOLS = {
-    ("dev", "train-0"): ("ct6e-standard-4t", 2, "2x4", "us-east5-b", 0, "spot", None),
-    ("dev", "serve-0"): ("ct6e-standard-4t", 1, None, "us-east5-b", 1, "spot", None),
-    ("prod", "train-0"): ("ct6e-standard-4t", 4, "4x4", "us-east5-b", 4, "on-demand", None),
-    ("prod", "train-1"): ("ct6e-standard-4t", 4, "4x4", "us-east5-b", 4, "on-demand", None),
+    ("dev", "train-0"): ("ct6e-standard-4t", 2, "2x4", "us-east5-b", TO_ZERO, "spot", None),
+    ("dev", "serve-0"): ("ct6e-standard-4t", 1, None, "us-east5-b", FIXED, "spot", None),
+    ("prod", "train-0"): ("ct6e-standard-4t", 4, "4x4", "us-east5-b", FIXED, "on-demand", None),
+    ("prod", "train-1"): ("ct6e-standard-4t", 4, "4x4", "us-east5-b", FIXED, "on-demand", None),
     ("prod", "research-0"): (
         "ct5p-hightpu-4t",
         4,
         "2x2x4",
         "us-east5-a",
-        4,
+        FIXED,
         "reservation",
         "ray-tpu-v5p-reservation",
     ),
-    ("prod", "serve-0"): ("ct6e-standard-8t", 1, None, "us-east5-b", 1, "on-demand", None),
-    ("prod", "serve-1"): ("ct6e-standard-8t", 1, None, "us-east5-b", 1, "on-demand", None),
+    ("prod", "serve-0"): ("ct6e-standard-8t", 1, None, "us-east5-b", FIXED, "on-demand", None),
+    ("prod", "serve-1"): ("ct6e-standard-8t", 1, None, "us-east5-b", FIXED, "on-demand", None),
 }
 
 
@@ -145,17 +149,24 @@ def _check_tpu_pool(
     hosts: int,
     topology: str | None,
     zone: str,
-    min_nodes: int,
+    form: str,
     provisioning: str,
     reservation: str | None,
 ) -> None:
     node = props["nodeConfig"]
     assert node["machineType"] == machine
     assert props["nodeLocations"] == [zone]
-    assert props["nodeCount"] == float(hosts if provisioning != "flex-start" else 0)
-    assert isinstance(props["nodeCount"], float)  # the engine's view: numbers are floats
-    assert props["autoscaling"] == {"minNodeCount": float(min_nodes), "maxNodeCount": float(hosts)}
-    assert min_nodes in (0, hosts)
+    counts = {k: props.get(k) for k in ("nodeCount", "initialNodeCount", "autoscaling")}
+    if form == FIXED:
+        assert counts == {"nodeCount": float(hosts), "initialNodeCount": None, "autoscaling": None}
+        assert isinstance(props["nodeCount"], float)  # the engine's view: numbers are floats
+    else:
+        start = 0.0 if provisioning == "flex-start" else float(hosts)
+        assert counts == {
+            "nodeCount": None,  # never beside autoscaling (pulumi-gcp's docs)
+            "initialNodeCount": start,
+            "autoscaling": {"minNodeCount": 0.0, "maxNodeCount": float(hosts)},
+        }
     if topology is None:
         assert "placementPolicy" not in props, "single-host pools must not set tpuTopology"
     else:
@@ -184,8 +195,8 @@ def _check_tpu_pool(
 def test_tpu_node_pool(runs: dict[str, ProgramRun], stack: str, pool: str, expected: tuple) -> None:
     resource = _one(runs[stack], NODE_POOL, name=pool)
     _check_tpu_pool(resource.props, *expected)
-    # Scale-to-zero pools leave the node count to the autoscaler; fixed pools keep it.
-    assert resource.ignore_changes == (("nodeCount",) if expected[4] == 0 else ())
+    # initialNodeCount is a creation-time value: a later edit must not replace the pool.
+    assert resource.ignore_changes == (("initialNodeCount",) if expected[4] == TO_ZERO else ())
     assert resource.props["location"] == "us-east5"
     assert resource.props["cluster"] == f"ray-tpu-{stack}"
     assert resource.props["nodeConfig"]["labels"]["ray-tpu/slice"] == pool.rsplit("-", 1)[0]
@@ -223,6 +234,7 @@ def _config_with(slices: list[dict[str, Any]]) -> Any:
     with (REPO / "Pulumi.dev.yaml").open() as handle:
         raw = copy.deepcopy(yaml.safe_load(handle)["config"])
     raw["ray-tpu:slices"] = slices
+    raw["ray-tpu:cluster"]["minMasterVersion"] = "1.34"  # tpu7x needs 1.34.0-gke.2201000
     raw["ray-tpu:rayClusters"] = [{"name": "work", "slice": slices[0]["name"], "replicas": 1}]
     raw["ray-tpu:rayServices"] = []
     return parse_config(raw)
@@ -238,19 +250,40 @@ def _slice(name: str, generation: str, topology: str, **extra: Any) -> dict[str,
     }
 
 
-def test_tpu7x_multi_host_uses_a_high_throughput_workload_policy() -> None:
-    run = run_program_detailed(_config_with([_slice("ironwood", "tpu7x", "2x2x2")]))
+TPU7X_POOLS = [
+    # (id, extra slice config, node-count form, provisioning)
+    ("fixed", {}, FIXED, "on-demand"),
+    ("scale-to-zero-spot", {"provisioning": "spot", "scaleToZero": True}, TO_ZERO, "spot"),
+    ("flex-start", {"provisioning": "flex-start"}, TO_ZERO, "flex-start"),
+]
+
+
+@pytest.mark.parametrize(
+    ("extra", "form", "provisioning"),
+    [case[1:] for case in TPU7X_POOLS],
+    ids=[case[0] for case in TPU7X_POOLS],
+)
+def test_tpu7x_multi_host_uses_a_high_throughput_workload_policy(
+    extra: dict[str, Any], form: str, provisioning: str
+) -> None:
+    run = run_program_detailed(_config_with([_slice("ironwood", "tpu7x", "2x2x2", **extra)]))
     policy = _one(run, POLICY)
     assert policy.props["workloadPolicy"] == {
         "type": "HIGH_THROUGHPUT",
         "acceleratorTopology": "2x2x2",
     }
     assert policy.props["region"] == "us-east5"
-    pool = _one(run, NODE_POOL, name="ironwood-0").props
-    assert pool["placementPolicy"] == {"type": "COMPACT", "policyName": policy.props["name"]}
-    assert "tpuTopology" not in pool["placementPolicy"]
-    assert pool["nodeCount"] == 2.0
-    assert pool["nodeConfig"]["machineType"] == "tpu7x-standard-4t"
+    pool = _one(run, NODE_POOL, name="ironwood-0")
+    # The form GKE stores (vllm-project/ci-infra#547): policyName and tpuTopology, no type
+    # (pulumi-gcp requires the key: "" is sent as absent; COMPACT would diff against GKE).
+    assert pool.props["placementPolicy"] == {
+        "type": "",
+        "policyName": policy.props["name"],
+        "tpuTopology": "2x2x2",
+    }
+    props = {**pool.props, "placementPolicy": {"type": "COMPACT", "tpuTopology": "2x2x2"}}
+    _check_tpu_pool(props, "tpu7x-standard-4t", 2, "2x2x2", "us-east5-b", form, provisioning, None)
+    assert pool.ignore_changes == (("initialNodeCount",) if form == TO_ZERO else ())
 
 
 SHAPES = [
@@ -259,25 +292,37 @@ SHAPES = [
         "tpu7x-single-host",
         _slice("x", "tpu7x", "2x2x1"),
         ["x-0"],
-        ("tpu7x-standard-4t", 1, None, "us-east5-b", 1, "on-demand", None),
+        ("tpu7x-standard-4t", 1, None, "us-east5-b", FIXED, "on-demand", None),
     ),
     (
         "v6e-flex-start",
         _slice("flex", "v6e", "4x4", provisioning="flex-start"),
         ["flex-0"],
-        ("ct6e-standard-4t", 4, "4x4", "us-east5-b", 0, "flex-start", None),
+        ("ct6e-standard-4t", 4, "4x4", "us-east5-b", TO_ZERO, "flex-start", None),
+    ),
+    (
+        "v6e-multi-host-spot-scale-to-zero",
+        _slice("burst", "v6e", "4x8", provisioning="spot", scaleToZero=True),
+        ["burst-0"],
+        ("ct6e-standard-4t", 8, "4x8", "us-east5-b", TO_ZERO, "spot", None),
+    ),
+    (
+        "v5e-single-host-scale-to-zero",
+        _slice("one", "v5e", "2x2", scaleToZero=True),
+        ["one-0"],
+        ("ct5lp-hightpu-4t", 1, None, "us-east5-b", TO_ZERO, "on-demand", None),
     ),
     (
         "v4-multi-host-spot",
         _slice("v4", "v4", "2x2x4", provisioning="spot"),
         ["v4-0"],
-        ("ct4p-hightpu-4t", 4, "2x2x4", "us-east5-b", 4, "spot", None),
+        ("ct4p-hightpu-4t", 4, "2x2x4", "us-east5-b", FIXED, "spot", None),
     ),
     (
         "v5e-single-host-x3",
         _slice("tiny", "v5e", "1x1", count=3),
         ["tiny-0", "tiny-1", "tiny-2"],
-        ("ct5lp-hightpu-1t", 1, None, "us-east5-b", 1, "on-demand", None),
+        ("ct5lp-hightpu-1t", 1, None, "us-east5-b", FIXED, "on-demand", None),
     ),
     (
         "v5p-shared-reservation",
@@ -294,7 +339,7 @@ SHAPES = [
             2,
             "2x2x2",
             "us-east5-b",
-            2,
+            FIXED,
             "reservation",
             "projects/other-project/reservations/pool-a",
         ),
@@ -303,7 +348,7 @@ SHAPES = [
         "v6e-2x4-one-host",
         _slice("big", "v6e", "2x4", machineType="ct6e-standard-8t"),
         ["big-0"],
-        ("ct6e-standard-8t", 1, None, "us-east5-b", 1, "on-demand", None),
+        ("ct6e-standard-8t", 1, None, "us-east5-b", FIXED, "on-demand", None),
     ),
 ]
 

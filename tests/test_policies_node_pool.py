@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from policies_factories import DELETE, edit, node_pool_props
 
+from policies.rules import Advisory
 from policies.rules.node_pool import check_node_pool
 from policies.values import UNKNOWN_SENTINELS
 
@@ -178,6 +179,72 @@ def test_broken_pools_fail_with_the_numbers(props, expected):
     violations = check_node_pool(props)
     matching = [v for v in violations if all(text in v for text in expected)]
     assert matching, f"no violation contains {expected}: {violations}"
+
+
+FIXED = edit(V6E_4X4, "nodeCount", 4.0)
+SCALED = edit(
+    edit(V6E_4X4, "nodeCount", DELETE), "autoscaling", {"minNodeCount": 0.0, "maxNodeCount": 4.0}
+)
+
+# Node count forms of a v6e 4x4 pool (4 hosts), as the program declares them and as hands write
+# them: (id, props, None when clean / True advisory / False mandatory, text of the finding)
+NODE_COUNTS = [
+    ("fixed-nodeCount", FIXED, None, ""),
+    ("fixed-initialNodeCount", edit(edit(FIXED, "nodeCount", DELETE), "initialNodeCount", 4.0), None, ""),
+    ("scale-to-zero-initial-hosts", edit(SCALED, "initialNodeCount", 4.0), None, ""),
+    ("scale-to-zero-initial-zero", edit(SCALED, "initialNodeCount", 0.0), None, ""),
+    ("scale-to-zero-no-count", SCALED, None, ""),
+    ("autoscaled-whole-slice-min", edit(edit(SCALED, "autoscaling.minNodeCount", 4.0), "initialNodeCount", 4.0), None, ""),
+    ("nodeCount-beside-autoscaling", edit(SCALED, "nodeCount", 4.0), True, "should not be used alongside autoscaling"),
+    ("nodeCount-zero-beside-autoscaling", edit(SCALED, "nodeCount", 0.0), True, "set initialNodeCount = 0"),
+    ("nodeCount-partial-beside-autoscaling", edit(SCALED, "nodeCount", 2.0), False, "nodeCount: 2 nodes does not make whole slices"),
+    ("initialNodeCount-partial-autoscaled", edit(SCALED, "initialNodeCount", 3.0), False, "initialNodeCount: 3 nodes"),
+    ("fixed-initialNodeCount-zero", edit(edit(FIXED, "nodeCount", DELETE), "initialNodeCount", 0.0), False, "set initialNodeCount = 4"),
+    ("fixed-no-count", edit(FIXED, "nodeCount", DELETE), False, "nodeCount: not set"),
+    ("fixed-both-counts-one-wrong", edit(FIXED, "initialNodeCount", 2.0), False, "initialNodeCount: 2 nodes"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("props", "advisory", "text"), [c[1:] for c in NODE_COUNTS], ids=[c[0] for c in NODE_COUNTS]
+)
+def test_node_count_forms(props, advisory, text):
+    findings = check_node_pool(props)
+    if advisory is None:
+        assert findings == []
+        return
+    (finding,) = [f for f in findings if text in f] or [findings]
+    assert isinstance(finding, Advisory) is advisory, findings
+    assert all(isinstance(f, Advisory) == advisory for f in findings), findings
+
+
+TPU7X = node_pool_props("tpu7x", "4x4x4")
+
+# placementPolicy of a tpu7x 4x4x4 pool: (id, placementPolicy, as in NODE_COUNTS, text)
+TPU7X_PLACEMENTS = [
+    ("as-gke-stores-it", {"type": "", "policyName": "wp", "tpuTopology": "4x4x4"}, None, ""),
+    ("no-type-key", {"policyName": "wp", "tpuTopology": "4x4x4"}, None, ""),
+    ("topology-in-policy-only", {"type": "", "policyName": "wp"}, None, ""),
+    ("compact-beside-policyName", {"type": "COMPACT", "policyName": "wp", "tpuTopology": "4x4x4"}, True, "likely diffs"),
+    ("compact-without-topology", {"type": "COMPACT", "policyName": "wp"}, None, ""),
+    ("compact-placement-only", {"type": "COMPACT", "tpuTopology": "4x4x4"}, False, "policyName: not set"),
+    ("wrong-topology", {"type": "", "policyName": "wp", "tpuTopology": "4x4x8"}, False, "nodeCount: 16 nodes"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("placement", "advisory", "text"),
+    [c[1:] for c in TPU7X_PLACEMENTS],
+    ids=[c[0] for c in TPU7X_PLACEMENTS],
+)
+def test_tpu7x_placement_forms(placement, advisory, text):
+    findings = check_node_pool(edit(TPU7X, "placementPolicy", placement))
+    if advisory is None:
+        assert findings == []
+        return
+    matching = [f for f in findings if text in f]
+    assert matching, findings
+    assert isinstance(matching[0], Advisory) is advisory
 
 
 def test_autoscaling_total_counts_reports_both_keys():

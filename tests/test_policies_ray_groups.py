@@ -8,6 +8,7 @@ import pytest
 from policies_factories import DELETE, cluster_spec, edit, ray_object, tpu_group
 
 from policies.model import CLUSTER_SPEC_PATH
+from policies.rules import Advisory
 from policies.rules.ray_groups import WEBHOOK_ERROR, check_worker_groups
 from raytpu import catalog
 
@@ -153,6 +154,36 @@ def test_broken_groups_fail_with_field_and_numbers(kind, shape, path, value, exp
     matching = [v for v in violations if all(text in v for text in expected)]
     assert matching, f"no violation contains {expected}: {violations}"
     assert all(v.startswith(group_path(kind)) for v in violations), violations
+
+
+# (id, resources of the TPU container, advisory?, text of the one finding; None: clean)
+TPU_RESOURCES = [
+    ("requests-and-limits", {"requests": {"google.com/tpu": "4"}, "limits": {"google.com/tpu": "4"}}, None, None),
+    ("limits-only", {"limits": {"google.com/tpu": "4"}}, True, "Kubernetes defaults requests to limits"),
+    ("limits-only-wrong-chips", {"limits": {"google.com/tpu": "8"}}, False, "google.com/tpu 8 per host"),
+    ("requests-only", {"requests": {"google.com/tpu": "4"}}, False, "requires a limit for an extended resource"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("resources", "advisory", "text"),
+    [c[1:] for c in TPU_RESOURCES],
+    ids=[c[0] for c in TPU_RESOURCES],
+)
+def test_tpu_only_in_limits_is_advisory_only_in_requests_is_not(kind, resources, advisory, text):
+    props = edit(
+        obj(kind, V6E_4X4), f"{group_path(kind)}.template.spec.containers[0].resources", resources
+    )
+    findings = check_worker_groups(props)
+    if text is None:
+        assert findings == []
+        return
+    matching = [f for f in findings if text in f]
+    assert matching, findings
+    assert isinstance(matching[0], Advisory) is advisory
+    if advisory:
+        assert all(isinstance(f, Advisory) for f in findings), findings
 
 
 def test_each_group_is_judged_and_named():

@@ -64,16 +64,18 @@ def _analyze(stub, type_: str, props: dict):
     return stub.Analyze(request, timeout=RPC_TIMEOUT_S)
 
 
-def test_pack_announces_every_policy_as_mandatory(analyzer):
+def test_pack_announces_every_policy_mandatory_and_companions_advisory(analyzer):
     from google.protobuf import empty_pb2
     from pulumi.runtime.proto import analyzer_pb2
 
-    from policies.pack import POLICIES
+    from policies.pack import COMPANIONS, POLICIES, policy_names
 
     info = analyzer.GetAnalyzerInfo(empty_pb2.Empty(), timeout=RPC_TIMEOUT_S)
     assert info.name == "ray-tpu"
-    assert {p.name for p in info.policies} == {p.name for p in POLICIES}
-    assert {p.enforcementLevel for p in info.policies} == {analyzer_pb2.MANDATORY}
+    assert {p.name for p in info.policies} == set(policy_names())
+    levels = {p.name: p.enforcementLevel for p in info.policies}
+    assert {levels[p.name] for p in POLICIES} == {analyzer_pb2.MANDATORY}
+    assert {levels[name] for name in COMPANIONS} == {analyzer_pb2.ADVISORY}
 
 
 def test_pack_blocks_a_mismatched_node_pool_and_survives_unknowns(analyzer):

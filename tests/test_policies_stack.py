@@ -15,7 +15,7 @@ from policies_factories import (
 )
 
 from policies.model import CLUSTER, NODE_POOL, RESOURCE_POLICY
-from policies.pack import POLICIES, PolicyConfigError, evaluate, settings
+from policies.pack import POLICIES, PolicyConfigError, evaluate, policy_names, settings
 from policies.rules.stack import (
     check_ray_operator_addon,
     check_slices_for_groups,
@@ -220,7 +220,7 @@ def tpu7x_stack(policy_topology: str, node_count: float):
             "tpu7x",
             "4x4x4",
             nodeCount=node_count,
-            placementPolicy={"type": "COMPACT", "policyName": "wp-0"},
+            placementPolicy={"type": "", "policyName": "wp-0"},
         ),
         ray("RayCluster", "c", tpu_group(TPU7X)),
     ]
@@ -298,6 +298,41 @@ def test_enforcement_is_configurable_per_policy(config, levels):
     assert found == levels
 
 
+def limits_only_stack():
+    group = edit(tpu_group(V6E_4X4), "template.spec.containers[0].resources.requests", DELETE)
+    return [cluster(), pool("a-0", "v6e", "4x4"), ray("RayCluster", "c", group)]
+
+
+# (id, policy config, {policy: level} of the limits-only finding; {} when none is reported)
+ADVISORY_LEVELS = [
+    ("default", None, {"ray-tpu-worker-groups-advisory": "advisory"}),
+    ("all-advisory", {"all": "advisory"}, {"ray-tpu-worker-groups-advisory": "advisory"}),
+    ("policy-advisory", {"ray-tpu-worker-groups": "advisory"}, {"ray-tpu-worker-groups-advisory": "advisory"}),
+    ("companion-mandatory", {"ray-tpu-worker-groups-advisory": "mandatory"}, {"ray-tpu-worker-groups-advisory": "mandatory"}),
+    ("companion-disabled", {"ray-tpu-worker-groups-advisory": "disabled"}, {}),
+    ("policy-disabled", {"ray-tpu-worker-groups": "disabled"}, {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "levels"), [c[1:] for c in ADVISORY_LEVELS], ids=[c[0] for c in ADVISORY_LEVELS]
+)
+def test_advisory_findings_report_under_the_companion_policy(config, levels):
+    found = {v.policy: v.enforcement for v in evaluate(limits_only_stack(), config)}
+    assert found == levels
+
+
+def test_adapter_splits_advisory_findings_to_the_companion(pulumi_policies):
+    res = limits_only_stack()[2]
+    reported: dict[str, list[str]] = {}
+    for name in ("ray-tpu-worker-groups", "ray-tpu-worker-groups-advisory"):
+        pulumi_policies[name].validate(
+            _resource_args(res), lambda m, urn=None, n=name: reported.setdefault(n, []).append(m)
+        )
+    assert list(reported) == ["ray-tpu-worker-groups-advisory"]
+    assert "Kubernetes defaults requests to limits" in reported["ray-tpu-worker-groups-advisory"][0]
+
+
 def test_minimum_version_option_reaches_the_rule():
     stack = good_stack()
     assert evaluate(stack, {"pinned-ray-version": {"minimumVersion": "2.60.0"}}) == []
@@ -358,12 +393,21 @@ def _resource_args(res, config=None):
 def test_adapter_builds_mandatory_policies_of_both_kinds(pulumi_policies):
     from pulumi_policy import EnforcementLevel, ResourceValidationPolicy, StackValidationPolicy
 
-    assert set(pulumi_policies) == {p.name for p in POLICIES}
+    assert list(pulumi_policies) == policy_names()
     for spec in POLICIES:
         policy = pulumi_policies[spec.name]
         assert policy.enforcement_level == EnforcementLevel.MANDATORY
         kind = ResourceValidationPolicy if spec.kind == "resource" else StackValidationPolicy
         assert isinstance(policy, kind)
+        if spec.advisory_name:
+            companion = pulumi_policies[spec.advisory_name]
+            assert companion.enforcement_level == EnforcementLevel.ADVISORY
+            assert isinstance(companion, kind)
+    assert {p.advisory_name for p in POLICIES if p.advisories} == {
+        "tpu-node-pool-shape-advisory",
+        "ray-tpu-worker-groups-advisory",
+        "tpu7x-workload-policy-advisory",
+    }
     schema = pulumi_policies["pinned-ray-version"].config_schema
     assert schema.properties["minimumVersion"]["default"] == "2.55.0"
 

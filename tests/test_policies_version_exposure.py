@@ -62,6 +62,30 @@ BAD_VERSIONS = [
     ("untagged-with-port", WORKER_IMAGE, "localhost:5000/ray", ["has no tag"]),
     ("digest-only", WORKER_IMAGE, "rayproject/ray@sha256:" + "b" * 64, ["digest only"]),
     (
+        "template-dollar",
+        HEAD_IMAGE,
+        "$VLLM_IMAGE",
+        ["'$VLLM_IMAGE' is an unrendered template ($VLLM_IMAGE", "render it"],
+    ),
+    (
+        "template-braces",
+        WORKER_IMAGE,
+        "${IMAGE}",
+        ["'${IMAGE}' is an unrendered template (${IMAGE}"],
+    ),
+    (
+        "template-in-tag",
+        WORKER_IMAGE,
+        "rayproject/ray:${RAY_TAG}",
+        ["unrendered template (${RAY_TAG}"],
+    ),
+    (
+        "template-helm",
+        WORKER_IMAGE,
+        "{{ .Values.image }}",
+        ["unrendered template ({{ .Values.image }}"],
+    ),
+    (
         "image-differs",
         WORKER_IMAGE,
         "rayproject/ray:2.59.0-py311",
@@ -81,6 +105,14 @@ def test_unpinned_ray_fails(kind, path, value, expected):
     matching = [v for v in violations if all(t in v for t in expected)]
     assert matching, f"no violation contains {expected}: {violations}"
     assert all(v.startswith(base) for v in violations)
+
+
+@pytest.mark.parametrize(
+    "image", ["$VLLM_IMAGE", "${IMAGE}", "registry/ray:${TAG}"], ids=["dollar", "braces", "tag"]
+)
+def test_template_image_is_never_called_untagged(image):
+    violations = check_ray_version(edit(ray(), f"spec.{HEAD_IMAGE}", image))
+    assert violations and not any("has no tag" in v or ":latest" in v for v in violations)
 
 
 def test_minimum_version_is_configurable():

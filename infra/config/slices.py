@@ -82,6 +82,13 @@ def parse_slice(problems: Problems, index: int, raw: Any, region: str | None) ->
             "reservation",
             f"reservation {reservation!r} is set",
         )
+    if provisioning == "flex-start" and shape is not None and not shape.generation.flex_start:
+        problems.bad(
+            f"{path}.provisioning",
+            provisioning,
+            ", ".join(p for p in PROVISIONING if p != "flex-start"),
+            f"GKE does not offer flex-start for {shape.generation.name} TPUs",
+        )
     if provisioning == "flex-start" and scale_to_zero is False:
         problems.bad(
             f"{path}.scaleToZero",

@@ -182,6 +182,21 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
             f"flex-start TPU slices: {', '.join(flex)}",
         )
 
+    # Generations that GKE runs only from a given version on (tpu7x: 1.34.0-gke.2201000).
+    for gen in {s.shape.generation.name: s.shape.generation for s in slices}.values():
+        named = [s.name for s in slices if s.shape.generation is gen]
+        if (
+            cluster is not None
+            and gen.min_gke_version
+            and not gke_version_ok(cluster.min_master_version, gen.min_gke_version)
+        ):
+            problems.bad(
+                f"{NAMESPACE}:cluster.minMasterVersion",
+                cluster.min_master_version,
+                f"a GKE version >= {gen.min_gke_version}",
+                f"{gen.name} slices need it: {', '.join(named)}",
+            )
+
     security = parse_security(problems, raw.get(f"{NAMESPACE}:security"))
 
     if problems.errors:

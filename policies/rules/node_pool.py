@@ -2,8 +2,13 @@
 
 GKE's rules (see the TPU facts): a single-host pool carries no ``placementPolicy.tpuTopology``; a
 multi-host pool is one slice: ``placementPolicy`` COMPACT with its ``tpuTopology`` (tpu7x: a
-workload policy named in ``placementPolicy.policyName``), node count == hosts, autoscaling whole
-slice (``minNodeCount`` 0 or hosts, ``maxNodeCount`` hosts) and one zone in ``nodeLocations``.
+workload policy named in ``placementPolicy.policyName``, no ``type``), autoscaling whole slice
+(``minNodeCount`` 0 or hosts, ``maxNodeCount`` hosts) and one zone in ``nodeLocations``.
+
+Node count, as the program declares it (docs/infra.md): without autoscaling, ``nodeCount`` (or
+``initialNodeCount``) == hosts; with autoscaling, ``initialNodeCount`` 0 or hosts. ``nodeCount``
+beside autoscaling is advisory (pulumi-gcp: "should not be used alongside autoscaling"; it
+resizes the pool back on every update after the autoscaler moved it) unless it is a partial slice.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from policies.model import NodePool, node_pool
+from policies.rules import Advisory
 from policies.values import as_int, as_list, as_map, is_unknown
 from raytpu import catalog
 
@@ -80,6 +86,15 @@ def check_pool_shape(pool: NodePool, topology: Any = None, source: str = "") -> 
                 f"workload policy (gcp.compute.ResourcePolicy with workloadPolicy type "
                 f"{catalog.WORKLOAD_POLICY_TYPE}, acceleratorTopology {shape.topology!r}) named here"
             )
+        elif isinstance(pool.placement_type, str) and pool.placement_type:
+            violations.append(
+                Advisory(
+                    f"placementPolicy.type: {pool.placement_type!r} is set beside policyName; GKE "
+                    f"stores a workload-policy pool as policyName and tpuTopology with no type, so "
+                    f"this likely diffs (and replaces the pool) on every update: set type to '' "
+                    f"and tpuTopology to {shape.topology!r}"
+                )
+            )
     else:
         if pool.placement_type is not None and not is_unknown(pool.placement_type):
             if pool.placement_type != "COMPACT":
@@ -120,7 +135,7 @@ def _single_host_topology(pool: NodePool, shape: catalog.SliceShape) -> str:
 def _count_violations(pool: NodePool, shape: catalog.SliceShape) -> list[str]:
     hosts = shape.hosts
     facts = f"{shape.name}, {shape.chips} chips on {pool.machine_type}"
-    violations = []
+    violations: list[str] = []
     autoscaling = as_map(pool.autoscaling)
     if is_unknown(autoscaling):
         return []
@@ -128,27 +143,31 @@ def _count_violations(pool: NodePool, shape: catalog.SliceShape) -> list[str]:
         autoscaling.get(k) is not None
         for k in ("minNodeCount", "maxNodeCount", "totalMinNodeCount", "totalMaxNodeCount")
     )
-    for key, field in (
-        ("nodeCount", pool.node_count),
-        ("initialNodeCount", pool.initial_node_count),
-    ):
-        if field is None:
-            continue
-        if is_unknown(field):
-            break
-        allowed = (0, hosts) if scaled else (hosts,)
-        if not isinstance(field, int) or field not in allowed:
-            valid = f"0 or {hosts}" if scaled else str(hosts)
+    counts = (("nodeCount", pool.node_count), ("initialNodeCount", pool.initial_node_count))
+    if any(is_unknown(value) for _, value in counts):
+        return []
+    allowed = (0, hosts) if scaled else (hosts,)
+    valid = f"0 or {hosts}" if scaled else str(hosts)
+    for key, value in counts:
+        if value is not None and (not isinstance(value, int) or value not in allowed):
             violations.append(
-                f"{key}: {field!r} nodes does not make whole slices of {facts}; set {key} = "
+                f"{key}: {value!r} nodes does not make whole slices of {facts}; set {key} = "
                 f"{valid} (a partial slice never starts)"
             )
-        break  # nodeCount wins over initialNodeCount, as in GKE
-    else:
-        if not scaled:
-            violations.append(
-                f"nodeCount: not set; a multi-host pool of {facts} needs nodeCount = {hosts}"
+    if scaled and pool.node_count in allowed:
+        violations.append(
+            Advisory(
+                f"nodeCount: {pool.node_count!r} is set beside autoscaling; pulumi-gcp says "
+                f"nodeCount should not be used alongside autoscaling (each update resizes the "
+                f"pool back after the autoscaler moved it): set initialNodeCount = "
+                f"{pool.node_count!r} instead and ignore its later changes"
             )
+        )
+    if not scaled and pool.count is None:
+        violations.append(
+            f"nodeCount: not set; a multi-host pool of {facts} without autoscaling needs "
+            f"nodeCount = {hosts}"
+        )
     for key in ("totalMinNodeCount", "totalMaxNodeCount"):
         value = autoscaling.get(key)
         if value is not None and not is_unknown(value):

@@ -9,6 +9,10 @@ Stricter than GKE's TPU webhook, never looser. The webhook only checks
 ``numOfHosts == max(chips(topology) // tpu_per_host, 1)`` (integer division) and that the topology
 selector is present; here the shape must exist in the catalog (so chips divide exactly and the
 accelerator label matches the topology), which implies the webhook's equation.
+
+``google.com/tpu`` only in limits is valid Kubernetes (requests default to limits, and the webhook
+reads limits): an :class:`~policies.rules.Advisory` finding. Only in requests is not (an extended
+resource needs its limit): a violation.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from policies.model import WorkerGroup, worker_groups
+from policies.rules import Advisory
 from policies.values import is_unknown
 from raytpu import catalog
 
@@ -66,12 +71,21 @@ def check_group(group: WorkerGroup) -> list[str]:
             )
     if violations:
         return violations
-    if requests is None or limits is None:
-        have, missing = ("limits", "requests") if requests is None else ("requests", "limits")
-        stated = limits if requests is None else requests
+    field = f"{where}.template.spec.containers[].resources"
+    if requests is None:
         violations.append(
-            f"{where}.template.spec.containers[].resources.{missing}.{catalog.TPU_RESOURCE}: not "
-            f"set while {have} asks for {stated}; set both requests and limits to {stated}"
+            Advisory(
+                f"{field}.requests.{catalog.TPU_RESOURCE}: not set while limits asks for {limits};"
+                f" valid as written (Kubernetes defaults requests to limits, and the GKE TPU "
+                f"webhook reads limits), but state requests: {limits} too so the pod spec says "
+                f"what it gets"
+            )
+        )
+    elif limits is None:
+        violations.append(
+            f"{field}.limits.{catalog.TPU_RESOURCE}: not set while requests asks for {requests}; "
+            f"Kubernetes requires a limit for an extended resource (and GKE's TPU webhook reads "
+            f"limits): set both requests and limits to {requests}"
         )
     elif requests != limits:
         violations.append(

@@ -14,7 +14,7 @@ from typing import Any
 
 from policies.model import cluster_spec, pod_templates
 from policies.values import as_list, get, is_unknown
-from raytpu.ray_versions import MINIMUM_RAY_VERSION, image_version, parse_version
+from raytpu.ray_versions import MINIMUM_RAY_VERSION, UNRENDERED, image_version, parse_version
 
 __all__ = ["DEFAULT_MINIMUM_VERSION", "check_ray_version", "image_version", "parse_version"]
 
@@ -75,8 +75,11 @@ def check_ray_version(
             continue
         version, why = image_version(image.strip())
         if version is None:
+            fix = (
+                "render it to an image tagged with" if why.startswith(UNRENDERED) else "tag it with"
+            )
             violations.append(
-                f"{field}: {image!r} {why}; tag it with the Ray version, e.g. "
+                f"{field}: {image!r} {why}; {fix} the Ray version, e.g. "
                 f"rayproject/ray:{pinned or '2.60.0'}-py311"
             )
         elif pinned is not None and version != pinned:

@@ -28,6 +28,7 @@ from policies.model import (
     tpu_resources,
     worker_groups,
 )
+from policies.rules import Advisory
 from policies.rules.node_pool import check_pool_shape
 from policies.values import as_int, as_map, get, is_unknown
 from raytpu import catalog
@@ -163,7 +164,11 @@ def check_ray_operator_addon(resources: Sequence[ResourceLike]) -> list[str]:
 
 
 def check_workload_policies(resources: Sequence[ResourceLike]) -> list[str]:
-    """tpu7x pools with a workload policy: the policy exists and its topology fits the pool."""
+    """tpu7x pools with a workload policy: the policy exists and its topology fits the pool.
+
+    A pool that states ``tpuTopology`` beside ``policyName`` (the form GKE stores) has its shape
+    checked by the node pool rule; here its policy's ``acceleratorTopology`` must agree with it.
+    """
     roles = tpu_resources(resources)
     violations = []
     for resource in roles["pools"]:
@@ -172,13 +177,15 @@ def check_workload_policies(resources: Sequence[ResourceLike]) -> list[str]:
             gen = catalog.shape_from_machine_type(pool.machine_type, None).generation
         except catalog.CatalogError:
             continue
-        if not gen.workload_policy or pool.topology is not None:
+        if not gen.workload_policy or not isinstance(pool.policy_name, str):
             continue
-        if not isinstance(pool.policy_name, str):
+        if is_unknown(pool.topology):
             continue
         topology = _workload_topology(pool, roles["policies"])
         name = _pool_name(resource, pool)
         if topology is None:
+            if pool.topology is not None:
+                continue  # a policy outside the stack; the pool's own topology was checked
             known = ", ".join(str(get(p.props, "name") or p.name) for p in roles["policies"])
             violations.append(
                 f"NodePool/{name}: placementPolicy.policyName {pool.policy_name!r} names no "
@@ -188,10 +195,19 @@ def check_workload_policies(resources: Sequence[ResourceLike]) -> list[str]:
             continue
         if is_unknown(topology):
             continue
+        if pool.topology is not None:
+            if pool.topology != topology:
+                violations.append(
+                    f"NodePool/{name}: placementPolicy.tpuTopology {pool.topology!r} differs from "
+                    f"workloadPolicy.acceleratorTopology {topology!r} of {pool.policy_name!r}; "
+                    f"make them the same slice topology"
+                )
+            continue  # the node pool rule checked the pool against its own tpuTopology
         for message in check_pool_shape(
             pool, topology=topology, source="workloadPolicy.acceleratorTopology"
         ):
-            violations.append(f"NodePool/{name}: {message}")
+            kind = Advisory if isinstance(message, Advisory) else str
+            violations.append(kind(f"NodePool/{name}: {message}"))
     return violations
 
 
