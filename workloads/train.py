@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from raytpu.catalog import SliceShape
+from workloads import telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -126,15 +127,18 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     )
 
     manager = open_checkpoints(run.checkpoint_dir)
+    meter = telemetry.TrainTelemetry.from_config(config.get("telemetry"), run, cfg, state.params)
     resumed_from = 0
     try:
         latest = manager.latest_step()
         if latest is not None:
-            state = restore_state(manager, latest, state)
+            with meter.checkpoint("restore"):
+                state = restore_state(manager, latest, state)
             resumed_from = int(latest)
         losses: list[float] = []
         first_step = int(resumed_from)
         for step in range(first_step, run.steps):
+            step_began = time.monotonic()
             local = m.sample_batch(
                 corpus, local_batch, cfg.seq_len, seed=(run.seed, step, jax.process_index())
             )
@@ -143,11 +147,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             loss_value = float(loss.addressable_data(0))
             losses.append(loss_value)
             done = step + 1
+            meter.step(time.monotonic() - step_began, loss_value)
+            telemetry.check_loss(done, loss_value)
             if jax.process_index() == 0:
                 # A logger, not print: Ray Train tees a worker's print to stdout and its logger.
                 logger.info("[train] step %d/%d loss %.4f", done, run.steps, loss_value)
             if done % run.checkpoint_every == 0 or done == run.steps:
-                save_state(manager, done, state, cfg)
+                with meter.checkpoint("save"):
+                    save_state(manager, done, state, cfg)
             if done % run.log_every == 0 and done != run.steps:
                 # One report per window: each ray.train.report is a cross-worker round trip
                 # (~1 s on the simulated cluster), the per-step losses travel inside it.
@@ -336,7 +343,10 @@ def run_training(
     storage = storage_path or str(Path(run.checkpoint_dir).absolute().parent / "ray_results")
     trainer = JaxTrainer(
         train_loop_per_worker=train_loop_per_worker,
-        train_loop_config={"train": asdict(run)},
+        train_loop_config={
+            "train": asdict(run),
+            "telemetry": telemetry.worker_config(shape, num_slices),
+        },
         scaling_config=ray.train.ScalingConfig(
             use_tpu=True,
             num_workers=num_workers,
@@ -355,6 +365,7 @@ def run_training(
         with _env(WORKER_GROUP_START_TIMEOUT_ENV, str(start_timeout_s)):
             result = trainer.fit()
     except ray.train.TrainingFailedError as error:
+        telemetry.error("train", error, telemetry.labels_for(shape))
         raise TrainingError(
             f"training on {num_slices} x {shape.name} ({num_workers} workers of TPU {tpu}) "
             f"failed after {time.monotonic() - began:.0f} s: {error}"
