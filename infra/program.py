@@ -18,6 +18,7 @@ from infra.config import StackConfig
 from infra.cpu_pool import CpuNodePool, CpuNodePoolArgs
 from infra.gke_cluster import GkeCluster, GkeClusterArgs
 from infra.k8s_provider import KubernetesAccess, KubernetesAccessArgs
+from infra.monitoring import Monitoring, MonitoringArgs
 from infra.ray_cluster import RayCluster, RayClusterArgs
 from infra.ray_job import RayJob, RayJobArgs
 from infra.ray_service import RayService, RayServiceArgs
@@ -130,6 +131,17 @@ def declare(config: StackConfig) -> None:
         )
         for j in config.ray_jobs
     }
+
+    Monitoring(
+        "monitoring",
+        MonitoringArgs(
+            project=config.project,
+            stack=pulumi.get_stack(),
+            namespaces=config.namespaces,
+            provider=access.provider,
+            depends_on=list(namespaces.values()),
+        ),
+    )
 
     pulumi.export("clusterName", gke.name)
     pulumi.export("clusterEndpoint", gke.endpoint)
