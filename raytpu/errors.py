@@ -131,9 +131,10 @@ def _explicit(error: BaseException) -> ErrorClass | None:
 
 
 def _by_type(error: BaseException) -> ErrorClass | None:
-    names = {cls.__name__ for cls in type(error).__mro__}
-    timeout_names = any(n.endswith(("Timeout", "TimeoutError")) for n in names)
-    if isinstance(error, TimeoutError) or timeout_names:
+    # By its own class name (requests' ReadTimeout, urllib3's ReadTimeoutError), not its bases:
+    # urllib3's NewConnectionError (connection refused) derives from ConnectTimeoutError.
+    timeout_name = type(error).__name__.endswith(("Timeout", "TimeoutError"))
+    if isinstance(error, TimeoutError) or timeout_name:
         return NETWORK_TIMEOUT
     if 429 in (getattr(error, "status_code", None), getattr(error, "code", None)):
         return UPSTREAM_RATE_LIMITED

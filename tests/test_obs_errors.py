@@ -117,3 +117,9 @@ def test_cli_report_prints_the_class_and_returns_its_exit_code(
     assert failure.report(error, stream=out) == code
     assert out.getvalue().startswith(line)
     assert out.getvalue().count("[RTPU-") == 1
+
+
+def test_connection_refused_is_not_a_timeout() -> None:
+    with pytest.raises(requests.exceptions.ConnectionError) as caught:
+        requests.get("http://127.0.0.1:9/", timeout=5)
+    assert errors.classify(caught.value) == errors.UNCLASSIFIED
