@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -97,6 +98,48 @@ class Prometheus:
         self.log.close()
 
 
+class Poller:
+    """Evaluates every expression every 2 s while the workloads run and keeps the first non-empty
+    answer of each: a worker's series go stale once its process ends, so an instant query after
+    the run would miss them."""
+
+    def __init__(self, prometheus: Prometheus, exprs: dict[str, str]) -> None:
+        self.prometheus = prometheus
+        self.exprs = dict(exprs)
+        self.results: dict[str, list[dict[str, Any]]] = {}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for key, expr in self.exprs.items():
+                if key in self.results:
+                    continue
+                try:
+                    found = self.prometheus.query(expr)
+                except (OSError, AssertionError) as error:
+                    self.errors.append(f"{key}: {error}")
+                    continue
+                if found:
+                    self.results[key] = found
+            self._stop.wait(2)
+
+    def missing(self) -> list[str]:
+        return [key for key in self.exprs if key not in self.results]
+
+    def finish(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.missing() and time.monotonic() < deadline:
+            time.sleep(1)
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The cluster up, Prometheus scraping it, the workloads run; yields what they produced."""
@@ -119,6 +162,10 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         os.environ[mn.SLICE_ENV] = "train"
         try:
             prometheus.wait_ready()
+            exprs = {where: expr for where, expr, _ in _signals()}
+            exprs.update({f"errors/{k}": v[0] for k, v in ERROR_SERIES.items()})
+            poller = Poller(prometheus, exprs)
+            produced["poller"] = poller
             try:
                 with reserve_slices(train.shape, tpu_per_bundle=8, timeout_s=3):
                     pytest.fail("a bundle of TPU 8 fits no 4-chip host")
@@ -159,12 +206,14 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                         )
                     )
                 produced["bad"] = post_json(handle.url, None, raw=b"{nope")
-                produced["prometheus"] = prometheus
+                poller.finish(DATA_TIMEOUT_S)
                 yield produced
             finally:
                 serving.shutdown()
         finally:
             os.environ.pop(mn.SLICE_ENV, None)
+            if "poller" in produced:
+                produced["poller"].stop()
             prometheus.stop()
 
 
@@ -187,24 +236,12 @@ def test_the_workloads_ran(scraped: dict[str, Any]) -> None:
 def test_every_dashboard_and_alert_expression_returns_labelled_data(
     scraped: dict[str, Any],
 ) -> None:
-    prometheus: Prometheus = scraped["prometheus"]
-    pending = _signals()
-    results: dict[str, list[dict[str, Any]]] = {}
-    deadline = time.monotonic() + DATA_TIMEOUT_S
-    while pending and time.monotonic() < deadline:
-        still = []
-        for where, expr, labels in pending:
-            result = prometheus.query(expr)
-            if result:
-                results[where] = result
-            else:
-                still.append((where, expr, labels))
-        pending = still
-        if pending:
-            time.sleep(2)
-    assert not pending, "no data for: " + "; ".join(f"{w}: {e}" for w, e, _ in pending)
-    for where, _, labels in _signals():
-        for series in results[where]:
+    poller: Poller = scraped["poller"]
+    signals = _signals()
+    missing = [f"{where}: {expr}" for where, expr, _ in signals if where not in poller.results]
+    assert not missing, "no data for: " + "; ".join(missing) + f" (errors: {poller.errors[:3]})"
+    for where, _, labels in signals:
+        for series in poller.results[where]:
             assert set(labels) <= set(series["metric"]), (where, series["metric"])
             assert series["metric"]["stack"] == "local", where
             assert series["metric"]["generation"] == "v6e", where
@@ -238,16 +275,16 @@ ERROR_SERIES = {
 
 
 @pytest.mark.parametrize(
-    ("selector", "produced_by", "exit_code"), ERROR_SERIES.values(), ids=ERROR_SERIES
+    ("key", "produced_by", "exit_code"),
+    [(key, by, code) for key, (_, by, code) in ERROR_SERIES.items()],
+    ids=list(ERROR_SERIES),
 )
 def test_error_class_reaches_the_metric_label_and_the_exit_code(
-    scraped: dict[str, Any], selector: str, produced_by: str | None, exit_code: int | None
+    scraped: dict[str, Any], key: str, produced_by: str | None, exit_code: int | None
 ) -> None:
-    prometheus: Prometheus = scraped["prometheus"]
-    deadline = time.monotonic() + DATA_TIMEOUT_S
-    while not (result := prometheus.query(selector)) and time.monotonic() < deadline:
-        time.sleep(2)
-    assert result, f"no series {selector}"
+    poller: Poller = scraped["poller"]
+    result = poller.results.get(f"errors/{key}")
+    assert result, f"no series {ERROR_SERIES[key][0]}"
     assert float(result[0]["value"][1]) >= 1
     if produced_by is not None:
         assert failure.report(scraped[produced_by]) == exit_code
