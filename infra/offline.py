@@ -132,6 +132,11 @@ def _run(body: Callable[[], None], *, stack: str, config: Mapping[str, str]) -> 
                 )
             return response
 
+    # asyncio.run() elsewhere in this thread leaves it with no current loop; Pulumi needs one.
+    try:
+        asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        asyncio.set_event_loop(asyncio.new_event_loop())
     # A fresh runtime for every run: no root stack, no pending RPCs or outputs, only this run's
     # config.
     settings.reset_options(project=PROJECT, stack=stack, preview=False)

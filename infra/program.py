@@ -19,6 +19,7 @@ from infra.config import StackConfig
 from infra.cpu_pool import CpuNodePool, CpuNodePoolArgs
 from infra.gke_cluster import GkeCluster, GkeClusterArgs
 from infra.k8s_provider import KubernetesAccess, KubernetesAccessArgs
+from infra.monitoring import Monitoring, MonitoringArgs
 from infra.ray_kinds import RAY_KINDS
 from infra.ray_object import RayObject, RayObjectArgs
 from infra.tpu_slice import TpuSlice, TpuSliceArgs
@@ -115,6 +116,17 @@ def declare(config: StackConfig) -> None:
         ]
         for kind in RAY_KINDS
     }
+
+    Monitoring(
+        "monitoring",
+        MonitoringArgs(
+            project=config.project,
+            stack=pulumi.get_stack(),
+            namespaces=config.namespaces,
+            provider=access.provider,
+            depends_on=list(namespaces.values()),
+        ),
+    )
 
     pulumi.export("clusterName", gke.name)
     pulumi.export("clusterEndpoint", gke.endpoint)

@@ -15,7 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_random as random
 
-from infra import ray_access, ray_auth
+from infra import custom_resource, ray_access, ray_auth
 from infra.config import StackConfig
 from infra.ray_kinds import RayKind, RayObjectConfig
 
@@ -80,13 +80,10 @@ class RayObject(pulumi.ComponentResource):
         self.network_policy = k8s.networking.v1.NetworkPolicy(
             f"{name}-ray-ports", metadata=policy["metadata"], spec=policy["spec"], opts=child
         )
-        self.resource = k8s.apiextensions.CustomResource(
+        self.resource = custom_resource.declare(
             name,
-            api_version=manifest["apiVersion"],
-            kind=manifest["kind"],
-            metadata=manifest["metadata"],
-            spec=manifest["spec"],
-            opts=pulumi.ResourceOptions(
+            manifest,
+            pulumi.ResourceOptions(
                 parent=self,
                 provider=args.provider,
                 depends_on=needs,

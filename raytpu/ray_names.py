@@ -51,3 +51,6 @@ PRIVATE_HEAD_PORT_NAMES: dict[str, int] = {
     "gcs-server": GCS_PORT,
 }
 """KubeRay port names of :data:`PRIVATE_HEAD_PORTS` (a Service may name a port instead of a number)."""
+
+K8S_LABEL_IS_RAY_NODE = "ray.io/is-ray-node"
+"""Pod label KubeRay puts on every Ray head and worker pod (value ``yes``): what scrapes select."""

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raytpu import entrypoints, stack_outputs
+from raytpu import entrypoints, errors, stack_outputs
 from raytpu.stack_outputs import RayHead, StackOutputs, StackOutputsError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +55,12 @@ POLL_INTERVAL_S = 1.0
 
 class SubmitError(RuntimeError):
     """A submission that could not be made or did not finish; the message says what to do."""
+
+
+class HeadRateLimitedError(SubmitError):
+    """The head (or a proxy in front of it) answered HTTP 429: retry later."""
+
+    error_class = errors.UPSTREAM_RATE_LIMITED
 
 
 class HeadUnreachableError(SubmitError):
@@ -231,6 +237,8 @@ def check_head(
             f"the Ray head of {head.kind} {head.name!r} refused the credential "
             f"(HTTP {response.status_code}): {how}"
         )
+    if response.status_code == errors.UPSTREAM_RATE_LIMITED.http_status:
+        raise HeadRateLimitedError(f"{url} answered HTTP 429 (rate limited): retry later")
     if response.status_code != 200:
         raise HeadUnreachableError(
             f"{url} answered HTTP {response.status_code}: not a Ray dashboard.\n{hint}"

@@ -20,6 +20,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("raytpu_cli.demo", "train and serve on a simulated TPU slice cluster"),
     "train": ("raytpu_cli.train", "train the LM on a stack's TPU slice (JaxTrainer)"),
     "serve": ("raytpu_cli.serve", "serve the latest checkpoint with Ray Serve"),
+    "observability": ("raytpu_cli.observability", "write alert rules and dashboards as files"),
+    "dashboard": (
+        "raytpu_cli.dashboard",
+        "open a stack's Ray Dashboard through kubectl port-forward",
+    ),
 }
 
 

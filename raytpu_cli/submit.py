@@ -20,6 +20,7 @@ from pathlib import Path
 
 from raytpu import stack_outputs
 from raytpu.stack_outputs import StackOutputs, StackOutputsError
+from raytpu_cli import failure
 from raytpu_cli.jobs import (
     DEFAULT_ADDRESS,
     DEFAULT_JOB_TIMEOUT_S,
@@ -152,8 +153,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except (SubmitError, CredentialError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        return failure.report(error)
     print(f"job {result.job_id}: {result.status}", file=sys.stderr)
     if not result.waited:
         print(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from raytpu_cli import failure
 from raytpu_cli.common import (
     DEFAULT_CHECKPOINT_DIR,
     UsageError,
@@ -69,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
                 start_timeout_s=args.start_timeout,
             )
     except TrainingError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        return failure.report(error)
     except KeyboardInterrupt:
         print("interrupted: everything this command started was stopped", file=sys.stderr)
         return 130

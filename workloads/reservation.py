@@ -26,8 +26,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from raytpu import errors
 from raytpu.catalog import SliceShape
 from raytpu.ray_names import LABEL_POD_TYPE, LABEL_SLICE_NAME, LABEL_TOPOLOGY, LABEL_WORKER_ID
+from workloads import telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +39,19 @@ DEFAULT_TIMEOUT_S = 30.0
 class SliceReservationError(RuntimeError):
     """A slice reservation that did not happen; by the time it is raised nothing is held.
 
-    Names the shape (generation, topology, hosts x chips), how long it waited, and why.
+    Names the shape (generation, topology, hosts x chips), how long it waited, and why;
+    ``error_class`` says which scheduling failure it is (:mod:`raytpu.errors`).
     """
 
-    def __init__(self, shape: SliceShape, num_slices: int, waited_s: float, reason: str) -> None:
+    def __init__(
+        self,
+        shape: SliceShape,
+        num_slices: int,
+        waited_s: float,
+        reason: str,
+        error_class: errors.ErrorClass = errors.NO_CAPACITY,
+    ) -> None:
+        self.error_class = error_class
         self.shape = shape
         self.num_slices = num_slices
         self.waited_s = waited_s
@@ -146,7 +157,13 @@ class SliceReservation:
         )
 
 
-def _describe_missing(shape: SliceShape, tpu_per_bundle: float) -> str:
+@dataclass(frozen=True)
+class _Missing:
+    reason: str
+    error_class: errors.ErrorClass
+
+
+def _describe_missing(shape: SliceShape, tpu_per_bundle: float) -> _Missing:
     """Why bundles did not place: which slice lacks hosts, or which host is too small."""
     import ray
 
@@ -157,20 +174,23 @@ def _describe_missing(shape: SliceShape, tpu_per_bundle: float) -> str:
         if labels.get(LABEL_POD_TYPE) == shape.pod_type:
             by_slice.setdefault(labels.get(LABEL_SLICE_NAME, "?"), []).append(node)
     if not by_slice:
-        return f"no host with pod type {shape.pod_type} is alive"
+        return _Missing(f"no host with pod type {shape.pod_type} is alive", errors.NO_CAPACITY)
     reasons = []
+    error_class = errors.NO_CAPACITY
     for name, members in sorted(by_slice.items()):
         if len(members) < shape.hosts:
             reasons.append(f"slice {name} has {len(members)} of {shape.hosts} hosts")
+            error_class = errors.PARTIAL_SLICE
     biggest = max(float((n.get("Resources") or {}).get("TPU", 0)) for n in nodes)
     if tpu_per_bundle > biggest:
         reasons.append(
             f"each bundle asks TPU {tpu_per_bundle:g} but the largest host has TPU {biggest:g}"
         )
+        error_class = errors.MISSIZED_REQUEST
     if not reasons:
         complete = sum(1 for members in by_slice.values() if len(members) >= shape.hosts)
         reasons.append(f"no free slice: all {complete} complete slice(s) of this shape are in use")
-    return "; ".join(reasons)
+    return _Missing("; ".join(reasons), error_class)
 
 
 def _hosts_of(pg: Any, num_bundles: int) -> tuple[ReservedHost, ...]:
@@ -248,17 +268,23 @@ def reserve_slices(
             ) from error
         except (ValueError, RuntimeError) as error:
             raise SliceReservationError(
-                shape, num_slices, time.monotonic() - began, f"Ray refused the request: {error}"
+                shape,
+                num_slices,
+                time.monotonic() - began,
+                f"Ray refused the request: {error}",
+                errors.MISSIZED_REQUEST,
             ) from error
         pg = spg.placement_group
         remaining = max(0.5, timeout_s - (time.monotonic() - began))
         ready, _ = ray.wait([pg.ready()], timeout=remaining)
         if not ready:
+            missing = _describe_missing(shape, tpu)
             raise SliceReservationError(
                 shape,
                 num_slices,
                 time.monotonic() - began,
-                f"bundles not placed within {timeout_s:.0f} s: {_describe_missing(shape, tpu)}",
+                f"bundles not placed within {timeout_s:.0f} s: {missing.reason}",
+                missing.error_class,
             )
         # Every host bundle is placed; the head placement groups only guarded the race.
         spg.release_head_pgs()
@@ -284,6 +310,7 @@ def reserve_slices(
             error.reason,
         )
         _shutdown(spg)
+        telemetry.reservation(shape, int(num_slices), error.waited_s, error)
         raise
     except BaseException:
         _shutdown(spg)
@@ -297,6 +324,7 @@ def reserve_slices(
         ", ".join(reservation.slice_names),
         reservation.wait_s,
     )
+    telemetry.reservation(shape, int(num_slices), reservation.wait_s)
     try:
         yield reservation
     finally:

@@ -30,6 +30,7 @@ from raytpu.catalog import RAY_TPU_REQUEST_SIZES, SliceShape
 from raytpu.entrypoints import CHECKPOINT_ENV, SERVE_TPU_DEFAULT
 from raytpu.entrypoints import SERVE_TPU_ENV as TPU_ENV
 from raytpu.ray_names import LABEL_POD_TYPE, LABEL_TOPOLOGY
+from workloads import telemetry
 
 MAX_PROMPT_CHARS = 1000
 MAX_NEW_TOKENS = 256
@@ -150,6 +151,8 @@ class TextGenerator:
         began = time.monotonic()
         completions = await asyncio.to_thread(self._run, requests)
         compute_ms = (time.monotonic() - began) * 1000
+        tokens = max(r.max_new_tokens for r in requests)
+        telemetry.of(self).batch(len(requests), compute_ms / 1000, tokens)
         return [
             {
                 "prompt": r.prompt,
@@ -164,6 +167,7 @@ class TextGenerator:
             for r, text in zip(requests, completions, strict=True)
         ]
 
+    @telemetry.instrument_http
     async def __call__(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 

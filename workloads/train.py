@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from raytpu.catalog import SliceShape
+from workloads import telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -195,11 +196,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     )
 
     manager = open_checkpoints(run.checkpoint_dir)
+    meter = telemetry.TrainTelemetry.from_config(config.get("telemetry"), run, cfg, state.params)
     resumed_from = 0
     try:
         latest = manager.latest_step()
         if latest is not None:
-            state = restore_state(manager, latest, state)
+            with meter.checkpoint("restore"):
+                state = restore_state(manager, latest, state)
             resumed_from = int(latest)
         losses: list[float] = []
         first_step = int(resumed_from)
@@ -218,11 +221,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 board.post.remote(
                     TrainProgress(done, run.steps, loss_value, tokens_per_step / seconds)
                 )
+            meter.step(time.monotonic() - step_began, loss_value)
+            telemetry.check_loss(done, loss_value)
             if jax.process_index() == 0:
                 # A logger, not print: Ray Train tees a worker's print to stdout and its logger.
                 logger.info("[train] step %d/%d loss %.4f", done, run.steps, loss_value)
             if done % run.checkpoint_every == 0 or done == run.steps:
-                save_state(manager, done, state, cfg)
+                with meter.checkpoint("save"):
+                    save_state(manager, done, state, cfg)
             if done % run.log_every == 0 and done != run.steps:
                 # One report per window: each ray.train.report is a cross-worker round trip
                 # (~1 s on the simulated cluster), the per-step losses travel inside it.
@@ -347,7 +353,11 @@ def run_training(
     with _watch_progress(on_progress) as board:
         trainer = JaxTrainer(
             train_loop_per_worker=train_loop_per_worker,
-            train_loop_config={"train": asdict(run), "progress_board": board},
+            train_loop_config={
+                "train": asdict(run),
+                "progress_board": board,
+                "telemetry": telemetry.worker_config(shape, num_slices),
+            },
             scaling_config=ray.train.ScalingConfig(
                 use_tpu=True,
                 num_workers=num_workers,
@@ -372,6 +382,7 @@ def run_training(
                 f"{time.monotonic() - began:.0f} s; Ray Train aborted the run"
             ) from error
         except ray.train.TrainingFailedError as error:
+            telemetry.error("train", error, telemetry.labels_for(shape))
             raise TrainingError(
                 f"training on {num_slices} x {shape.name} ({num_workers} workers of TPU {tpu}) "
                 f"failed after {time.monotonic() - began:.0f} s: {error}"

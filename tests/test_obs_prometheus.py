@@ -1,0 +1,290 @@
+"""A real Prometheus (Debian's ``prometheus``) scrapes the simulated slice cluster while a short
+training run, a forced NaN run, a mis-sized reservation and a burst of serving requests happen;
+then every PromQL expression of the dashboards and of the alert rules' signals must return data
+with the expected labels, through Prometheus' HTTP API.
+
+One cluster (the dev stack's slices: v6e 2x4 on two 4-chip hosts, v6e 2x2 serving host), one
+Prometheus scraping every Ray node's metrics export port each second. Both stop in finalizers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from obs_tools import binary
+
+from infra import dashboards, monitoring_rules
+from infra.config import load_stack
+from raytpu import errors
+from raytpu import metric_names as mn
+from raytpu_cli import failure
+from raytpu_cli.common import post_json
+from workloads.local_cluster import LocalSliceCluster, free_port
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+
+READY_TIMEOUT_S = 30.0
+DATA_TIMEOUT_S = 120.0
+
+
+def _get(url: str, timeout_s: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return json.loads(response.read().decode())
+
+
+class Prometheus:
+    def __init__(self, targets: list[str], workdir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [
+                {"job_name": "ray", "static_configs": [{"targets": targets}]},
+            ],
+        }
+        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.log = (workdir / "prometheus.log").open("w")
+        self.process = subprocess.Popen(
+            [
+                binary("prometheus"),
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"prometheus exited with {self.process.returncode}")
+            try:
+                urllib.request.urlopen(f"{self.url}/-/ready", timeout=2).close()
+                return
+            except OSError:
+                time.sleep(0.5)
+        pytest.fail(f"prometheus not ready after {READY_TIMEOUT_S:.0f} s")
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        reply = _get(f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+        assert reply["status"] == "success", reply
+        return reply["data"]["result"]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        self.log.close()
+
+
+class Poller:
+    """Evaluates every expression every 2 s while the workloads run and keeps the first non-empty
+    answer of each: a worker's series go stale once its process ends, so an instant query after
+    the run would miss them."""
+
+    def __init__(self, prometheus: Prometheus, exprs: dict[str, str]) -> None:
+        self.prometheus = prometheus
+        self.exprs = dict(exprs)
+        self.results: dict[str, list[dict[str, Any]]] = {}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for key, expr in self.exprs.items():
+                if key in self.results:
+                    continue
+                try:
+                    found = self.prometheus.query(expr)
+                except (OSError, AssertionError) as error:
+                    self.errors.append(f"{key}: {error}")
+                    continue
+                if found:
+                    self.results[key] = found
+            self._stop.wait(2)
+
+    def missing(self) -> list[str]:
+        return [key for key in self.exprs if key not in self.results]
+
+    def finish(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.missing() and time.monotonic() < deadline:
+            time.sleep(1)
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The cluster up, Prometheus scraping it, the workloads run; yields what they produced."""
+    import ray
+
+    from workloads import serve as serving
+    from workloads.reservation import SliceReservationError, reserve_slices
+    from workloads.train import TrainConfig, TrainingError, run_training
+
+    workdir = tmp_path_factory.mktemp("obs")
+    stack = load_stack("dev")
+    train, serve_slice = stack.slice("train"), stack.slice("serve")
+    produced: dict[str, Any] = {}
+    with LocalSliceCluster(stack.slices) as cluster:
+        assert cluster.address
+        targets = [f"127.0.0.1:{n['MetricsExportPort']}" for n in ray.nodes() if n["Alive"]]
+        prometheus = Prometheus(targets, workdir)
+        # The driver's series (reservations) carry the slice config name; the cluster's nodes
+        # were started before this, so replicas keep labelling from their TPU_NAME.
+        os.environ[mn.SLICE_ENV] = "train"
+        try:
+            prometheus.wait_ready()
+            exprs = {where: expr for where, expr, _ in _signals()}
+            exprs.update({f"errors/{k}": v[0] for k, v in ERROR_SERIES.items()})
+            poller = Poller(prometheus, exprs)
+            produced["poller"] = poller
+            try:
+                with reserve_slices(train.shape, tpu_per_bundle=8, timeout_s=3):
+                    pytest.fail("a bundle of TPU 8 fits no 4-chip host")
+            except SliceReservationError as error:
+                produced["missized"] = error
+            config = TrainConfig(
+                checkpoint_dir=str(workdir / "ck"),
+                steps=6,
+                global_batch=8,
+                checkpoint_every=3,
+                log_every=3,
+            )
+            produced["trained"] = run_training(train.shape, config)
+            nan_config = TrainConfig(
+                checkpoint_dir=str(workdir / "ck-nan"),
+                steps=6,
+                global_batch=8,
+                checkpoint_every=6,
+                log_every=6,
+                model={"learning_rate": 1e30, "warmup_steps": 1},
+            )
+            try:
+                run_training(train.shape, nan_config, name="raytpu-nan")
+            except TrainingError as error:
+                produced["nan"] = error
+            handle = serving.deploy(
+                serving.build_app(config.checkpoint_dir, serve_slice.shape),
+                port=free_port(),
+                timeout_s=180,
+            )
+            try:
+                prompts = [f"The TPU {i}" for i in range(8)]
+                with ThreadPoolExecutor(4) as pool:
+                    produced["replies"] = list(
+                        pool.map(
+                            lambda p: post_json(handle.url, {"prompt": p, "max_new_tokens": 4}),
+                            prompts,
+                        )
+                    )
+                produced["bad"] = post_json(handle.url, None, raw=b"{nope")
+                poller.finish(DATA_TIMEOUT_S)
+                yield produced
+            finally:
+                serving.shutdown()
+        finally:
+            os.environ.pop(mn.SLICE_ENV, None)
+            if "poller" in produced:
+                produced["poller"].stop()
+            prometheus.stop()
+
+
+def _signals() -> list[tuple[str, str, tuple[str, ...]]]:
+    found = [
+        (where, dashboards.concrete(q.expr), q.labels) for where, q in dashboards.all_queries()
+    ]
+    found += [(f"alert/{a.name}", a.signal, mn.BASE_LABELS) for a in monitoring_rules.ALERTS]
+    return found
+
+
+def test_the_workloads_ran(scraped: dict[str, Any]) -> None:
+    assert errors.classify(scraped["missized"]) == errors.MISSIZED_REQUEST
+    assert scraped["trained"].final_step == 6
+    assert errors.classify(scraped["nan"]) == errors.RUNTIME_NAN, str(scraped["nan"])
+    assert [r.status for r in scraped["replies"]] == [200] * 8
+    assert scraped["bad"].status == 400
+
+
+def test_every_dashboard_and_alert_expression_returns_labelled_data(
+    scraped: dict[str, Any],
+) -> None:
+    poller: Poller = scraped["poller"]
+    signals = _signals()
+    missing = [f"{where}: {expr}" for where, expr, _ in signals if where not in poller.results]
+    assert not missing, "no data for: " + "; ".join(missing) + f" (errors: {poller.errors[:3]})"
+    for where, _, labels in signals:
+        for series in poller.results[where]:
+            assert set(labels) <= set(series["metric"]), (where, series["metric"])
+            assert series["metric"]["stack"] == "local", where
+            assert series["metric"]["generation"] == "v6e", where
+            assert series["metric"]["slice"] in ("train", "serve"), (where, series["metric"])
+
+
+ERROR_SERIES = {
+    # (series selector, who produced it, the exit code the CLI gives that error)
+    "missized": (
+        f'{mn.RESERVATIONS.promql}_total{{outcome="scheduling_missized_request",hosts="2"}}',
+        "missized",
+        3,
+    ),
+    "missized-errors": (
+        f'{mn.ERRORS.promql}_total{{workload="reservation",'
+        'error_class="scheduling_missized_request"}',
+        "missized",
+        3,
+    ),
+    "nan": (
+        f'{mn.ERRORS.promql}_total{{workload="train",error_class="runtime_nan"}}',
+        "nan",
+        4,
+    ),
+    "bad-input": (
+        f'{mn.SERVE_REQUESTS.promql}_total{{status_class="4xx",error_class="bad_input"}}',
+        None,
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("key", "produced_by", "exit_code"),
+    [(key, by, code) for key, (_, by, code) in ERROR_SERIES.items()],
+    ids=list(ERROR_SERIES),
+)
+def test_error_class_reaches_the_metric_label_and_the_exit_code(
+    scraped: dict[str, Any], key: str, produced_by: str | None, exit_code: int | None
+) -> None:
+    poller: Poller = scraped["poller"]
+    result = poller.results.get(f"errors/{key}")
+    assert result, f"no series {ERROR_SERIES[key][0]}"
+    assert float(result[0]["value"][1]) >= 1
+    if produced_by is not None:
+        assert failure.report(scraped[produced_by]) == exit_code
