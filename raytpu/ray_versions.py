@@ -11,7 +11,7 @@ import re
 MINIMUM_RAY_VERSION = "2.55.0"
 """The first Ray with the TPU slice API (``ray.util.tpu.slice_placement_group``)."""
 
-# ASCII digits only: ``\d`` would also match full-width and other Unicode digits ("２.６０.０"),
+# ASCII digits only: ``\d`` would also match full-width and other Unicode digits (full-width "2.60.0"),
 # which int() accepts but no image registry tag or pip version does.
 _VERSION = re.compile(r"([0-9]+)\.([0-9]+)\.([0-9]+)")
 _TAG_VERSION = re.compile(r"^v?([0-9]+\.[0-9]+\.[0-9]+)(?:\Z|[-_.+])")
