@@ -9,13 +9,16 @@ import argparse
 import contextlib
 import json
 import os
+import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from raytpu import project
 from raytpu.catalog import CatalogError, SliceShape, shape
 
 DEFAULT_CHECKPOINT_DIR = os.environ.get("RAYTPU_CHECKPOINT_DIR", "/tmp/raytpu/checkpoints")
@@ -74,15 +77,41 @@ def resolve_slice(args: argparse.Namespace) -> SliceChoice:
         except CatalogError as error:
             raise UsageError(str(error)) from error
         return SliceChoice(name=args.slice, shape=chosen, count=args.num_slices)
-    from infra.config import load_stack
-
-    config = load_stack(args.stack).slice(args.slice)
+    config = load_stack_config(args).slice(args.slice)
     if args.num_slices > config.count:
         raise UsageError(
             f"--num-slices: {args.num_slices} is not valid; valid: 1..{config.count} "
             f"(stack {args.stack} declares {config.count} x slice {config.name})"
         )
     return SliceChoice(name=config.name, shape=config.shape, count=config.count)
+
+
+def project_dir(args: argparse.Namespace) -> Path:
+    """The Pulumi project of ``--cwd`` (default: the current directory), Pulumi's rule."""
+    try:
+        return project.find_project(getattr(args, "cwd", None))
+    except project.ProjectError as error:
+        raise UsageError(str(error)) from None
+
+
+def load_stack_config(
+    args: argparse.Namespace, *, folder: Path | None = None, log: Any = None
+) -> Any:
+    """The validated ``StackConfig`` of ``args.stack`` in the project of ``--cwd`` (or in
+    ``folder``, taken as is); says on stderr which file it read. Raises UsageError/ConfigError."""
+    from infra.config import load_stack_file
+
+    where = folder if folder is not None else project_dir(args)
+    try:
+        path = project.resolve_stack_file(args.stack, where)
+    except project.ProjectError as error:
+        raise UsageError(str(error)) from None
+    (log or _stderr)(f"stack {args.stack}: {path}")
+    return load_stack_file(path)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
