@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -84,6 +86,53 @@ def resolve_slice(args: argparse.Namespace) -> SliceChoice:
             f"(stack {args.stack} declares {config.count} x slice {config.name})"
         )
     return SliceChoice(name=config.name, shape=config.shape, count=config.count)
+
+
+def check_seconds(flag: str, value: float) -> None:
+    """A timeout flag: a finite number of seconds > 0 (0 would give up before trying)."""
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise UsageError(f"{flag}: {value!r} is not valid; valid: a number of seconds > 0")
+
+
+def check_writable_dir(flag: str, directory: str) -> None:
+    """A local folder the run will write (created if missing); URLs (gs://...) are not checked.
+
+    Creates it and writes a probe file, so that a folder nobody can write fails here, before
+    anything starts, and not in a worker.
+    """
+    if "://" in directory:
+        return
+    path = Path(directory).absolute()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise UsageError(
+            f"{flag}: {directory!r} is not valid ({error.strerror or error}); valid: a folder "
+            "this user can create and write, or gs://BUCKET/PATH"
+        ) from None
+
+
+def check_checkpoint_dir(flag: str, directory: str) -> None:
+    """A local folder that holds at least one checkpoint step (what ``raytpu train`` writes)."""
+    if "://" in directory:
+        return
+    path = Path(directory)
+    hint = "run `raytpu train` first, or pass --checkpoint-dir FOLDER it wrote"
+    if not path.is_dir():
+        problem = "is not a directory" if path.exists() else "does not exist"
+        raise UsageError(
+            f"{flag}: {directory!r} {problem}; valid: a folder of checkpoints ({hint})"
+        )
+    try:
+        steps = [p for p in path.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit()]
+    except OSError as error:
+        raise UsageError(f"{flag}: {directory!r} cannot be read ({error.strerror})") from None
+    if not steps:
+        raise UsageError(
+            f"{flag}: {directory!r} holds no checkpoint; valid: a folder of checkpoints ({hint})"
+        )
 
 
 def project_dir(args: argparse.Namespace) -> Path:
