@@ -243,9 +243,10 @@ def _expanded_size(root: yaml.Node, source: str, limits: Limits) -> None:
 def parse_yaml_documents(text: str, source: str, limits: Limits = DEFAULT_LIMITS) -> list[Any]:
     """Every document of a YAML stream, as plain data; raises :class:`InputError`."""
     loader_class = type("Loader", (_LimitedLoader,), {"limits": limits, "source": source})
-    loader = loader_class(text)
+    loader = None
     documents: list[Any] = []
     try:
+        loader = loader_class(text)  # its reader refuses non-printable characters here
         while loader.check_node():
             node = loader.get_node()
             _expanded_size(node, source, limits)
@@ -264,7 +265,8 @@ def parse_yaml_documents(text: str, source: str, limits: Limits = DEFAULT_LIMITS
             raise
         raise InputError(f"{source}: not valid YAML: {error}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return documents
 
 

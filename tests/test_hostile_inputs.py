@@ -109,6 +109,13 @@ CHECK_CASES = [
         2,
         "line 3, column 9: not valid YAML",
     ),
+    (
+        "control-character",
+        "k8s.yaml",
+        "kind: Ray\x01Cluster\n",
+        2,
+        "not valid YAML: unacceptable character #x0001",
+    ),
     ("json-syntax-error", "x.json", '{"steps": [}', 2, "line 1, column 12: not valid JSON"),
     (
         "recursive-alias",

@@ -140,6 +140,8 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
     clusters, services, jobs = (ray_objects(key, parse) for key, parse in SECTIONS)
     seen: dict[str, str] = {}
     for where, name in ray_names:
+        if not isinstance(name, str):
+            continue  # reported where the object is parsed
         if name in seen:
             problems.bad(
                 f"{NAMESPACE}:{where}.name",
@@ -147,7 +149,7 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
                 "a name unique across ray-tpu:rayClusters and ray-tpu:rayServices (and rayJobs)",
                 f"duplicate of {NAMESPACE}:{seen[name]} (both would own {name}-head-svc)",
             )
-        elif name is not None:
+        else:
             seen[name] = where
     # Each replica of a worker group holds a whole slice: the objects on one slice may not ask
     # for more slices than it has.
