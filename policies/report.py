@@ -5,13 +5,13 @@ Exit codes: 0 no mandatory violation, 1 a mandatory violation, 2 bad input or co
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from policies.model import object_label
 from policies.pack import PolicyConfigError, Violation, settings
+from raytpu import inputs
 
 EXIT_CLEAN = 0
 EXIT_VIOLATION = 1
@@ -23,11 +23,9 @@ def load_policy_config(path: str | None) -> dict[str, Any] | None:
     if path is None:
         return None
     try:
-        config = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as error:
-        raise PolicyConfigError(
-            f"--policy-config: {path!r} is not readable JSON: {error}"
-        ) from None
+        config = inputs.load_json(Path(path))
+    except inputs.InputError as error:
+        raise PolicyConfigError(f"--policy-config: {error}") from None
     if not isinstance(config, dict):
         raise PolicyConfigError(
             f"--policy-config: {type(config).__name__} is not valid; valid: a JSON object of "

@@ -136,6 +136,6 @@ def validate_object(obj: dict[str, Any]) -> list[str]:
     if obj.get("apiVersion") != "ray.io/v1":
         errors.append(f"apiVersion: {obj.get('apiVersion')!r} is not valid; valid: ray.io/v1")
     kind = obj.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         return [*errors, f"kind: {kind!r} is not valid; valid: {', '.join(KINDS)}"]
     return errors + validate_spec(kind, obj.get("spec"))

@@ -11,8 +11,10 @@ import re
 MINIMUM_RAY_VERSION = "2.55.0"
 """The first Ray with the TPU slice API (``ray.util.tpu.slice_placement_group``)."""
 
-_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
-_TAG_VERSION = re.compile(r"^v?(\d+\.\d+\.\d+)(?:$|[-_.+])")
+# ASCII digits only: ``\d`` would also match full-width and other Unicode digits (full-width "2.60.0"),
+# which int() accepts but no image registry tag or pip version does.
+_VERSION = re.compile(r"([0-9]+)\.([0-9]+)\.([0-9]+)")
+_TAG_VERSION = re.compile(r"^v?([0-9]+\.[0-9]+\.[0-9]+)(?:\Z|[-_.+])")
 _TEMPLATE = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|\{\{.*?\}\}")
 """A placeholder a manifest renderer fills in: ``$VLLM_IMAGE``, ``${IMAGE}``, ``{{ .Values.image }}``."""
 UNRENDERED = "is an unrendered template"
@@ -25,8 +27,9 @@ def template_placeholder(image: str) -> str | None:
 
 
 def parse_version(text: str) -> tuple[int, int, int] | None:
-    """``"2.60.0"`` -> ``(2, 60, 0)``; None for anything that is not an explicit ``X.Y.Z``."""
-    found = _VERSION.match(text.strip())
+    """``"2.60.0"`` -> ``(2, 60, 0)``; None for anything that is not exactly ``X.Y.Z`` in ASCII
+    digits (no spaces, no newline: the text becomes an image tag)."""
+    found = _VERSION.fullmatch(text)
     return (int(found[1]), int(found[2]), int(found[3])) if found else None
 
 

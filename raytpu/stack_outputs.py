@@ -22,14 +22,13 @@ Nothing here exposes the head: it is reached with ``kubectl port-forward`` (see
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raytpu import catalog
+from raytpu import catalog, inputs
 from raytpu.ray_names import DASHBOARD_PORT, SERVE_PORT
 
 __all__ = [
@@ -307,20 +306,17 @@ def parse_outputs(raw: Any, stack: str) -> StackOutputs:
 def read_outputs_file(path: Path, stack: str) -> StackOutputs:
     """Parse a saved ``pulumi stack output --json --stack STACK > FILE``."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError as error:
+    if not path.exists():
         raise StackOutputsError(
             f"--outputs: {str(path)!r} does not exist; save it with "
             f"`pulumi stack output --json --stack {stack} > {path}`"
-        ) from error
+        )
     try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as error:
+        raw = inputs.load_json(path)
+    except inputs.InputError as error:
         raise StackOutputsError(
-            f"--outputs: {str(path)!r} is not valid JSON (line {error.lineno}: {error.msg}); "
-            f"valid: the output of `pulumi stack output --json --stack {stack}`"
-        ) from error
+            f"--outputs: {error}; valid: the output of `pulumi stack output --json --stack {stack}`"
+        ) from None
     return parse_outputs(raw, stack)
 
 
@@ -358,9 +354,9 @@ def fetch_outputs(
             f"pulumi: `{' '.join(command)}` failed (exit {done.returncode}): {stderr}"
         )
     try:
-        raw = json.loads(done.stdout or "{}")
-    except json.JSONDecodeError as error:
+        raw = inputs.parse_json(done.stdout or "{}", "pulumi stack output")
+    except inputs.InputError as error:
         raise StackOutputsError(
-            f"pulumi: `{' '.join(command)}` printed something that is not JSON: {error.msg}"
-        ) from error
+            f"pulumi: `{' '.join(command)}` printed something that is not JSON: {error}"
+        ) from None
     return parse_outputs(raw, stack)

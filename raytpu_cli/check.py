@@ -19,17 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
+from raytpu_cli.check_inputs import InputError, read_resources
 
 CRD_POLICY = "kuberay-crd-schema"
-
-
-class InputError(ValueError):
-    """A file that is not readable as one of the supported formats."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,96 +39,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def kubernetes_type(obj: Mapping[str, Any]) -> str:
-    """Pulumi's type token for a Kubernetes object: ``kubernetes:ray.io/v1:RayCluster``."""
-    api_version = str(obj.get("apiVersion", ""))
-    group_version = "core/v1" if api_version == "v1" else api_version
-    return f"kubernetes:{group_version}:{obj.get('kind')}"
+def not_checked(resources: list[Any]) -> dict[str, list[str]]:
+    """Resource types no policy and no CRD schema reads: type -> names (reported, not failed)."""
+    from policies.model import RESOURCE_POLICY, ray_kind
+    from policies.pack import POLICIES
 
-
-def _name_from_urn(urn: str) -> str:
-    return urn.rsplit("::", 1)[-1] if "::" in urn else urn
-
-
-def _kubernetes_objects(documents: list[Any], path: Path) -> Iterator[Any]:
-    from policies.model import Resource
-
-    for index, document in enumerate(documents):
-        if document is None:
-            continue
-        items = [document]
-        if isinstance(document, Mapping) and document.get("kind") == "List":
-            items = list(document.get("items") or [])
-        for item in items:
-            if not isinstance(item, Mapping) or not item.get("kind") or not item.get("apiVersion"):
-                raise InputError(
-                    f"{path}: document {index + 1} is not a Kubernetes object (no apiVersion/kind)"
-                    f"; valid: Kubernetes YAML, `pulumi stack export` or `pulumi preview --json`"
-                )
-            name = (item.get("metadata") or {}).get("name") or f"document-{index + 1}"
-            yield Resource(
-                type=kubernetes_type(item),
-                name=str(name),
-                urn=f"{path}#{index + 1}",
-                props=item,
-                source=f"{path}#{index + 1}",
-            )
-
-
-def _pulumi_resources(document: Mapping[str, Any], path: Path) -> Iterator[Any]:
-    from policies.model import Resource
-
-    if "deployment" in document:
-        entries = (document.get("deployment") or {}).get("resources") or []
-        states = [(e, e) for e in entries if isinstance(e, Mapping)]
-    else:
-        steps = document.get("steps") or []
-        states = [
-            (step, step.get("newState"))
-            for step in steps
-            if isinstance(step, Mapping) and isinstance(step.get("newState"), Mapping)
-        ]
-    for _, state in states:
-        type_ = str(state.get("type", ""))
-        if type_ == "pulumi:pulumi:Stack" or type_.startswith("pulumi:providers:"):
-            continue
-        urn = str(state.get("urn", ""))
-        inputs = state.get("inputs")
-        yield Resource(
-            type=type_,
-            name=_name_from_urn(urn),
-            urn=urn,
-            props=inputs if isinstance(inputs, Mapping) else {},
-            source=str(path),
+    def checked(type_: str) -> bool:
+        return (
+            type_ == RESOURCE_POLICY  # read by the stack-wide slice rules
+            or ray_kind(type_) is not None
+            or any(spec.kind != "stack" and spec.applies_to(type_) for spec in POLICIES)
         )
 
-
-def read_resources(path: Path) -> list[Any]:
-    """Every resource of one file, in the form the policies read. Raises InputError."""
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"{path}: cannot read: {error}") from None
-    stripped = text.lstrip()
-    if path.suffix == ".json" or stripped.startswith("{"):
-        try:
-            documents = [json.loads(text)]
-        except ValueError as error:
-            raise InputError(f"{path}: not valid JSON: {error}") from None
-    else:
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        try:
-            documents = list(yaml.load_all(text, Loader=loader))
-        except yaml.YAMLError as error:
-            raise InputError(f"{path}: not valid YAML: {error}") from None
-    if len(documents) == 1 and isinstance(documents[0], Mapping):
-        document = documents[0]
-        if "deployment" in document or "steps" in document:
-            return list(_pulumi_resources(document, path))
-    resources = list(_kubernetes_objects(documents, path))
-    if not resources:
-        raise InputError(f"{path}: holds no Kubernetes object or Pulumi resource")
-    return resources
+    found: dict[str, list[str]] = {}
+    for resource in resources:
+        if not checked(resource.type):
+            found.setdefault(resource.type, []).append(resource.name)
+    return found
 
 
 def crd_violations(resources: list[Any]) -> list[Any]:
@@ -180,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     files: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     lines: list[str] = []
+    notes: list[str] = []
     violations_all = []
     for name in args.files:
         path = Path(name)
@@ -189,7 +113,11 @@ def run(args: argparse.Namespace) -> int:
         except (InputError, CrdsMissingError) as error:
             errors.append(str(error))
             continue
-        files.append({"file": str(path), "resources": len(resources)})
+        skipped = not_checked(resources)
+        files.append({"file": str(path), "resources": len(resources), "notChecked": skipped})
+        for type_, names in skipped.items():
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            notes.append(f"{path}: not checked (no policy reads {type_}): {shown}")
         violations_all += violations
         for violation in violations:
             records.append(report.record(violation, file=str(path)))
@@ -201,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         for line in lines:
             print(line)
+        for note in notes:
+            print(note)
         for error in errors:
             print(f"error: {error}", file=sys.stderr)
         checked = sum(f["resources"] for f in files)

@@ -8,14 +8,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
+import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from raytpu import project
 from raytpu.catalog import CatalogError, SliceShape, shape
 
 DEFAULT_CHECKPOINT_DIR = os.environ.get("RAYTPU_CHECKPOINT_DIR", "/tmp/raytpu/checkpoints")
@@ -74,15 +79,88 @@ def resolve_slice(args: argparse.Namespace) -> SliceChoice:
         except CatalogError as error:
             raise UsageError(str(error)) from error
         return SliceChoice(name=args.slice, shape=chosen, count=args.num_slices)
-    from infra.config import load_stack
-
-    config = load_stack(args.stack).slice(args.slice)
+    config = load_stack_config(args).slice(args.slice)
     if args.num_slices > config.count:
         raise UsageError(
             f"--num-slices: {args.num_slices} is not valid; valid: 1..{config.count} "
             f"(stack {args.stack} declares {config.count} x slice {config.name})"
         )
     return SliceChoice(name=config.name, shape=config.shape, count=config.count)
+
+
+def check_seconds(flag: str, value: float) -> None:
+    """A timeout flag: a finite number of seconds > 0 (0 would give up before trying)."""
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise UsageError(f"{flag}: {value!r} is not valid; valid: a number of seconds > 0")
+
+
+def check_writable_dir(flag: str, directory: str) -> None:
+    """A local folder the run will write (created if missing); URLs (gs://...) are not checked.
+
+    Creates it and writes a probe file, so that a folder nobody can write fails here, before
+    anything starts, and not in a worker.
+    """
+    if "://" in directory:
+        return
+    path = Path(directory).absolute()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise UsageError(
+            f"{flag}: {directory!r} is not valid ({error.strerror or error}); valid: a folder "
+            "this user can create and write, or gs://BUCKET/PATH"
+        ) from None
+
+
+def check_checkpoint_dir(flag: str, directory: str) -> None:
+    """A local folder that holds at least one checkpoint step (what ``raytpu train`` writes)."""
+    if "://" in directory:
+        return
+    path = Path(directory)
+    hint = "run `raytpu train` first, or pass --checkpoint-dir FOLDER it wrote"
+    if not path.is_dir():
+        problem = "is not a directory" if path.exists() else "does not exist"
+        raise UsageError(
+            f"{flag}: {directory!r} {problem}; valid: a folder of checkpoints ({hint})"
+        )
+    try:
+        steps = [p for p in path.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit()]
+    except OSError as error:
+        raise UsageError(f"{flag}: {directory!r} cannot be read ({error.strerror})") from None
+    if not steps:
+        raise UsageError(
+            f"{flag}: {directory!r} holds no checkpoint; valid: a folder of checkpoints ({hint})"
+        )
+
+
+def project_dir(args: argparse.Namespace) -> Path:
+    """The Pulumi project of ``--cwd`` (default: the current directory), Pulumi's rule."""
+    try:
+        return project.find_project(getattr(args, "cwd", None))
+    except project.ProjectError as error:
+        raise UsageError(str(error)) from None
+
+
+def load_stack_config(
+    args: argparse.Namespace, *, folder: Path | None = None, log: Any = None
+) -> Any:
+    """The validated ``StackConfig`` of ``args.stack`` in the project of ``--cwd`` (or in
+    ``folder``, taken as is); says on stderr which file it read. Raises UsageError/ConfigError."""
+    from infra.config import load_stack_file
+
+    where = folder if folder is not None else project_dir(args)
+    try:
+        path = project.resolve_stack_file(args.stack, where)
+    except project.ProjectError as error:
+        raise UsageError(str(error)) from None
+    (log or _stderr)(f"stack {args.stack}: {path}")
+    return load_stack_file(path)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

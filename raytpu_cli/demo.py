@@ -61,9 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _pick_slices(args: argparse.Namespace) -> tuple[SliceChoice, SliceChoice]:
-    from infra.config import load_stack
+    from raytpu_cli.common import load_stack_config
 
-    stack = load_stack(args.stack)
+    stack = load_stack_config(args)
     train_name = args.train_slice or (stack.ray_clusters[0].slice if stack.ray_clusters else None)
     serve_name = args.serve_slice or (stack.ray_services[0].slice if stack.ray_services else None)
     if train_name is None or serve_name is None:

@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--project-dir",
         type=Path,
-        help="folder holding Pulumi.STACK.yaml (default: this repository)",
+        help="folder holding Pulumi.STACK.yaml, taken as is (default: the Pulumi project of "
+        "--cwd or the current directory: the nearest folder upwards with Pulumi.yaml)",
     )
     parser.add_argument(
         "--policy-config",
@@ -130,13 +131,12 @@ def describe(resources: Sequence[Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _declare(stack: str, project_dir: Path | None) -> tuple[list[Any], dict[str, Any]]:
+def _declare(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
     from infra import offline
-    from infra.config import load_stack
+    from raytpu_cli.common import load_stack_config
 
-    if project_dir is None:
-        return offline.run_stack(stack)
-    return offline.run_program(load_stack(stack, project_dir), stack=stack)
+    config = load_stack_config(args, folder=args.project_dir)
+    return offline.run_program(config, stack=args.stack)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -145,11 +145,12 @@ def run(args: argparse.Namespace) -> int:
     from policies.pack import PolicyConfigError, evaluate
     from raytpu import catalog
     from raytpu.table import format_table
+    from raytpu_cli.common import UsageError
 
     try:
         config = report.load_policy_config(args.policy_config)
-        resources, outputs = _declare(args.stack, args.project_dir)
-    except (ConfigError, catalog.CatalogError, PolicyConfigError) as error:
+        resources, outputs = _declare(args)
+    except (ConfigError, catalog.CatalogError, PolicyConfigError, UsageError) as error:
         if args.json:
             print(
                 json.dumps({"stack": args.stack, "errors": str(error).splitlines(), "exitCode": 2})

@@ -19,6 +19,8 @@ from raytpu_cli.common import (
     DEFAULT_CHECKPOINT_DIR,
     UsageError,
     add_slice_arguments,
+    check_checkpoint_dir,
+    check_seconds,
     post_json,
     ray_cluster,
     resolve_slice,
@@ -49,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         chosen = resolve_slice(args)
+        check_seconds("--deploy-timeout", args.deploy_timeout)
+        if args.local:  # the replicas run here: the folder must hold a checkpoint now
+            check_checkpoint_dir("--checkpoint-dir", args.checkpoint_dir)
         application = serving.build_app(args.checkpoint_dir, chosen.shape)
     except (UsageError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -18,13 +18,12 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from raytpu import stack_outputs
+from raytpu import project, stack_outputs
 from raytpu.stack_outputs import StackOutputs, StackOutputsError
 from raytpu_cli import failure
 from raytpu_cli.jobs import (
     DEFAULT_ADDRESS,
     DEFAULT_JOB_TIMEOUT_S,
-    REPO_ROOT,
     SubmitError,
     _service_message,
     build_request,
@@ -89,7 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _load_outputs(args: argparse.Namespace) -> StackOutputs:
     if args.outputs is not None:
         return stack_outputs.read_outputs_file(args.outputs, args.stack)
-    return stack_outputs.fetch_outputs(args.stack, cwd=REPO_ROOT)
+    try:
+        folder = project.find_project(getattr(args, "cwd", None))
+    except project.ProjectError as error:
+        raise StackOutputsError(str(error)) from None
+    return stack_outputs.fetch_outputs(args.stack, cwd=folder)
 
 
 def parse_env(pairs: Sequence[str]) -> dict[str, str]:

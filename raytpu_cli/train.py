@@ -18,6 +18,8 @@ from raytpu_cli.common import (
     DEFAULT_CHECKPOINT_DIR,
     UsageError,
     add_slice_arguments,
+    check_seconds,
+    check_writable_dir,
     ray_cluster,
     resolve_slice,
 )
@@ -57,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
             checkpoint_every=args.checkpoint_every,
         )
         config.validate(chosen.shape, args.num_slices)
+        check_seconds("--reserve-timeout", args.reserve_timeout)
+        check_seconds("--start-timeout", args.start_timeout)
+        check_writable_dir("--checkpoint-dir", args.checkpoint_dir)
     except (UsageError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

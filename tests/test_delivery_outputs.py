@@ -236,7 +236,7 @@ def test_serve_points_at_the_rayservice(
 
 FILES = [
     ("missing-file", None, "does not exist; save it with `pulumi stack output --json --stack dev"),
-    ("not-json", "{not json", "is not valid JSON (line 1"),
+    ("not-json", "{not json", "line 1, column 2: not valid JSON"),
     ("empty-object", "{}", "Run `pulumi up --stack dev` first"),
 ]
 

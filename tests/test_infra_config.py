@@ -245,6 +245,27 @@ BAD_VALUES = [
         "quoted",
     ),
     (
+        "ray-version-full-width-digits",
+        _set(("ray-tpu:rayVersion",), "\uff12.\uff16\uff10.\uff10"),
+        "ray-tpu:rayVersion",
+        "'\uff12.\uff16\uff10.\uff10'",
+        "X.Y.Z",
+    ),
+    (
+        "ray-version-trailing-newline",
+        _set(("ray-tpu:rayVersion",), "2.60.0\n"),
+        "ray-tpu:rayVersion",
+        "'2.60.0\\n'",
+        "X.Y.Z",
+    ),
+    (
+        "image-full-width-tag",
+        _set(("ray-tpu:rayImage",), "rayproject/ray:\uff12.\uff16\uff10.\uff10-py311"),
+        "ray-tpu:rayImage",
+        "'rayproject/ray:\uff12.\uff16\uff10.\uff10-py311'",
+        "names no explicit Ray version",
+    ),
+    (
         "ray-version-missing",
         _drop(("ray-tpu:rayVersion",)),
         "ray-tpu:rayVersion",

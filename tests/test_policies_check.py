@@ -407,7 +407,7 @@ def test_missing_file_exits_2_and_other_files_are_still_checked(capsys, tmp_path
     [
         ('{"nope": "advisory"}', "'nope' is not a policy"),
         ("[1]", "list is not valid"),
-        ("{", "not readable JSON"),
+        ("{", "line 1, column 2: not valid JSON"),
     ],
     ids=["unknown-policy", "not-an-object", "bad-json"],
 )

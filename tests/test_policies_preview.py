@@ -120,14 +120,14 @@ def test_broken_dev_stack_fails_with_the_right_message(declared, mutation, polic
 
 @pytest.fixture
 def broken_dev(monkeypatch):
-    """``offline.run_stack`` declaring the real dev stack with slice-train-0 one host short."""
-    real = offline.run_stack
+    """``offline.run_program`` declaring the real dev stack with slice-train-0 one host short."""
+    real = offline.run_program
 
-    def run_stack(stack: str):
-        resources, outputs = real(stack)
+    def run_program(config, *, stack: str = "dev"):
+        resources, outputs = real(config, stack=stack)
         return _mutated(resources, "NodePool", "slice-train-0", ["nodeCount"], 1.0), outputs
 
-    monkeypatch.setattr(offline, "run_stack", run_stack)
+    monkeypatch.setattr(offline, "run_program", run_program)
 
 
 def test_preview_cli_exits_1_on_a_broken_stack(capsys, broken_dev):

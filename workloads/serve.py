@@ -12,6 +12,12 @@ Glossary (Ray Serve's words):
 
 Request: ``POST`` JSON ``{"prompt": str, "max_new_tokens": int, "temperature": float}``.
 Response: JSON with ``completion``. Malformed input gets a 4xx with a message, never a 500.
+
+Per-request isolation: a request is read (at most MAX_BODY_BYTES), parsed (at most
+MAX_BODY_DEPTH levels), validated and encoded (the prompt's UTF-8 bytes, the reply's JSON) on
+its own, before it joins a batch; a request that fails any of that is answered alone with its
+4xx. Should a batch still fail in the model, each of its requests is run again on its own, so
+that one bad row answers only its own request.
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ray import serve
 
+from raytpu import inputs
 from raytpu.catalog import RAY_TPU_REQUEST_SIZES, SliceShape
 from raytpu.entrypoints import CHECKPOINT_ENV, SERVE_TPU_DEFAULT
 from raytpu.entrypoints import SERVE_TPU_ENV as TPU_ENV
@@ -36,6 +44,8 @@ MAX_PROMPT_CHARS = 1000
 MAX_NEW_TOKENS = 256
 MAX_TEMPERATURE = 2.0
 MAX_BODY_BYTES = 16_384
+MAX_BODY_DEPTH = 8
+"""Nesting of the request JSON: the valid body is one flat object (depth 1)."""
 DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_TEMPERATURE = 0.8
 BATCH_WAIT_S = 0.05
@@ -64,13 +74,18 @@ class GenerateRequest:
 
 
 def parse_request(body: bytes) -> GenerateRequest:
-    """Validate a request body; raises :class:`RequestError` (400, 413 or 422)."""
+    """Validate a request body; raises :class:`RequestError` (400, 413 or 422).
+
+    Bounded in time and memory whatever the body: size first, then UTF-8, then a nesting scan
+    before any recursive parsing.
+    """
     if len(body) > MAX_BODY_BYTES:
         raise RequestError(413, f"body: {len(body)} bytes is too large; valid: <= {MAX_BODY_BYTES}")
+    limits = inputs.Limits(max_bytes=MAX_BODY_BYTES, max_depth=MAX_BODY_DEPTH)
     try:
-        raw = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise RequestError(400, f"body: not valid JSON ({error})") from error
+        raw = inputs.parse_json(inputs.decode(body, "body"), "body", limits)
+    except inputs.InputError as error:  # "body: line L, column C: not valid JSON: ..." etc.
+        raise RequestError(400, str(error)) from None
     if not isinstance(raw, dict):
         raise RequestError(400, f"body: a JSON {type(raw).__name__} is not valid; valid: an object")
     unknown = sorted(set(raw) - set(FIELDS))
@@ -85,6 +100,15 @@ def parse_request(body: bytes) -> GenerateRequest:
         raise RequestError(
             413, f"prompt: {len(prompt)} characters is too long; valid: <= {MAX_PROMPT_CHARS}"
         )
+    try:
+        prompt.encode("utf-8")  # the model reads UTF-8 bytes
+    except UnicodeEncodeError as error:
+        bad = prompt[error.start]
+        raise RequestError(
+            422,
+            f"prompt: character {error.start} ({bad!a}) is an unpaired surrogate; valid: "
+            "Unicode text (a \\ud800-\\udfff escape only as half of a surrogate pair)",
+        ) from None
     tokens = raw.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_NEW_TOKENS:
         raise RequestError(
@@ -104,6 +128,64 @@ def parse_request(body: bytes) -> GenerateRequest:
     return GenerateRequest(prompt=prompt, max_new_tokens=tokens, temperature=float(temperature))
 
 
+@dataclass(frozen=True)
+class Reply:
+    """One request's answer, already encoded: HTTP status and a JSON body."""
+
+    status: int
+    body: bytes
+
+
+def json_reply(status: int, payload: dict[str, Any]) -> Reply:
+    return Reply(status, json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8"))
+
+
+def error_reply(status: int, message: str) -> Reply:
+    return json_reply(status, {"error": message})
+
+
+def run_isolated(
+    requests: list[GenerateRequest], run: Callable[[list[GenerateRequest]], list[str]]
+) -> list[str | Exception]:
+    """Completions of ``requests`` as one batch; if the batch fails, each request on its own,
+    so that a row the model cannot run fails only its own request (its exception, in its place)."""
+    try:
+        return list(run(requests))
+    except Exception as error:  # isolated per request below, never swallowed
+        if len(requests) == 1:
+            return [error]
+    results: list[str | Exception] = []
+    for request in requests:
+        try:
+            results.append(run([request])[0])
+        except Exception as error:  # this row's own failure: answered to its request alone
+            results.append(error)
+    return results
+
+
+def render_replies(
+    requests: list[GenerateRequest], results: list[str | Exception], extra: dict[str, Any]
+) -> list[Reply]:
+    """One encoded :class:`Reply` per request; an error in one row answers that request alone."""
+    replies = []
+    for request, result in zip(requests, results, strict=True):
+        if isinstance(result, Exception):
+            replies.append(error_reply(500, f"generation failed: {type(result).__name__}"))
+            continue
+        payload = {
+            "prompt": request.prompt,
+            "completion": result,
+            "max_new_tokens": request.max_new_tokens,
+            "temperature": request.temperature,
+            **extra,
+        }
+        try:
+            replies.append(json_reply(200, payload))
+        except (TypeError, ValueError) as error:
+            replies.append(error_reply(500, f"reply could not be encoded: {error}"))
+    return replies
+
+
 PAD_REQUEST = GenerateRequest(prompt=" ", max_new_tokens=1, temperature=0.0)
 
 
@@ -119,8 +201,10 @@ def pad_to_bucket(requests: list[GenerateRequest]) -> list[GenerateRequest]:
 class TextGenerator:
     """One replica: the latest checkpoint on this host's devices, batched generation."""
 
-    def __init__(self, checkpoint_dir: str) -> None:
+    def __init__(self, checkpoint_dir: str, batch_wait_s: float = BATCH_WAIT_S) -> None:
         import jax  # noqa: F401  (imported in the replica, never in the driver)
+
+        self.generate_batch.set_batch_wait_timeout_s(batch_wait_s)
 
         from workloads.checkpoint import restore_params
 
@@ -147,39 +231,52 @@ class TextGenerator:
         return completions[: len(requests)]
 
     @serve.batch(max_batch_size=MAX_BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_S)
-    async def generate_batch(self, requests: list[GenerateRequest]) -> list[dict[str, Any]]:
+    async def generate_batch(self, requests: list[GenerateRequest]) -> list[Reply]:
         began = time.monotonic()
-        completions = await asyncio.to_thread(self._run, requests)
-        compute_ms = (time.monotonic() - began) * 1000
+        results = await asyncio.to_thread(run_isolated, requests, self._run)
+        compute_s = time.monotonic() - began
         tokens = max(r.max_new_tokens for r in requests)
-        telemetry.of(self).batch(len(requests), compute_ms / 1000, tokens)
-        return [
-            {
-                "prompt": r.prompt,
-                "completion": text,
-                "max_new_tokens": r.max_new_tokens,
-                "temperature": r.temperature,
-                "checkpoint_step": self._step,
-                "host": os.environ.get("TPU_NAME", ""),
-                "batch_size": len(requests),
-                "compute_ms": round(compute_ms, 1),
-            }
-            for r, text in zip(requests, completions, strict=True)
-        ]
+        telemetry.of(self).batch(len(requests), compute_s, tokens)
+        extra = {
+            "checkpoint_step": self._step,
+            "host": os.environ.get("TPU_NAME", ""),
+            "batch_size": len(requests),
+            "compute_ms": round(compute_s * 1000, 1),
+        }
+        return render_replies(requests, results, extra)
 
     @telemetry.instrument_http
     async def __call__(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse
+        from starlette.responses import Response
 
+        reply = await self._answer(request)
+        return Response(reply.body, status_code=reply.status, media_type="application/json")
+
+    async def _answer(self, request: Any) -> Reply:
         if request.method != "POST":
-            return JSONResponse(
-                {"error": f"method: {request.method} is not valid; valid: POST"}, status_code=405
-            )
+            return error_reply(405, f"method: {request.method} is not valid; valid: POST")
         try:
-            parsed = parse_request(await request.body())
+            body = await read_body(request)
+            parsed = parse_request(body)
         except RequestError as error:
-            return JSONResponse({"error": str(error)}, status_code=error.status)
-        return JSONResponse(await self.generate_batch(parsed))
+            return error_reply(error.status, str(error))
+        return await self.generate_batch(parsed)
+
+
+async def read_body(request: Any) -> bytes:
+    """The body, read no further than MAX_BODY_BYTES + 1 (a 1 GB body is refused, not buffered)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise RequestError(413, f"body: {declared} bytes is too large; valid: <= {MAX_BODY_BYTES}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise RequestError(
+                413, f"body: more than {MAX_BODY_BYTES} bytes; valid: <= {MAX_BODY_BYTES}"
+            )
+    return b"".join(chunks)
 
 
 def build_app(
@@ -188,10 +285,13 @@ def build_app(
     *,
     tpu_per_replica: int | None = None,
     num_replicas: int = 1,
+    batch_wait_s: float = BATCH_WAIT_S,
 ) -> Any:
     """The Serve application for ``checkpoint_dir``; replicas request the shape's chips per host.
 
     Multi-host serving slices are not supported: a replica is one process on one host.
+    ``batch_wait_s``: how long a batch waits for more requests (``@serve.batch``'s
+    ``batch_wait_timeout_s``) unless it fills up first.
     """
     if shape is not None and shape.multi_host:
         raise ValueError(
@@ -208,7 +308,7 @@ def build_app(
             LABEL_TOPOLOGY: shape.topology,
         }
     return TextGenerator.options(num_replicas=num_replicas, ray_actor_options=actor_options).bind(
-        checkpoint_dir
+        checkpoint_dir, batch_wait_s
     )
 
 

@@ -36,7 +36,14 @@ from infra.config.schema import (
     StackConfig,
     WorkerResources,
 )
-from infra.config.stack import available_stacks, load_stack, parse_config, project_root, stack_file
+from infra.config.stack import (
+    available_stacks,
+    load_stack,
+    load_stack_file,
+    parse_config,
+    project_root,
+    stack_file,
+)
 
 __all__ = [
     "PROVISIONING",
@@ -55,6 +62,7 @@ __all__ = [
     "available_stacks",
     "from_pulumi",
     "load_stack",
+    "load_stack_file",
     "parse_config",
     "project_root",
     "stack_file",

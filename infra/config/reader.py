@@ -116,6 +116,8 @@ def resources(section: Section, key: str, default: WorkerResources) -> WorkerRes
 def check_unique(problems: Problems, path: str, names: list[tuple[int, str]], what: str) -> None:
     seen: dict[str, int] = {}
     for index, name in names:
+        if not isinstance(name, str):
+            continue  # a name that is not a string has its own error where it is parsed
         if name in seen:
             problems.bad(
                 f"{path}[{index}].name",

@@ -7,8 +7,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from infra.config.cluster import parse_cluster
 from infra.config.ray_objects import SECTIONS
 from infra.config.reader import Problems, check_unique, list_of
@@ -30,6 +28,7 @@ from infra.config.values import (
     parse_ray_version,
     zone_region,
 )
+from raytpu import inputs, project
 
 _TOP_KEYS = (
     "cluster",
@@ -143,6 +142,8 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
     clusters, services, jobs = (ray_objects(key, parse) for key, parse in SECTIONS)
     seen: dict[str, str] = {}
     for where, name in ray_names:
+        if not isinstance(name, str):
+            continue  # reported where the object is parsed
         if name in seen:
             problems.bad(
                 f"{NAMESPACE}:{where}.name",
@@ -150,7 +151,7 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
                 "a name unique across ray-tpu:rayClusters and ray-tpu:rayServices (and rayJobs)",
                 f"duplicate of {NAMESPACE}:{seen[name]} (both would own {name}-head-svc)",
             )
-        elif name is not None:
+        else:
             seen[name] = where
     # Each replica of a worker group holds a whole slice: the objects on one slice may not ask
     # for more slices than it has.
@@ -217,29 +218,48 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
 
 
 def project_root() -> Path:
-    """The folder holding ``Pulumi.yaml`` (the repository root)."""
+    """The folder of this repository's ``Pulumi.yaml`` (the program and its shipped stacks).
+
+    Commands do not read stacks from here: they resolve the project of the current directory
+    with :func:`raytpu.project.find_project` and pass the stack file to :func:`load_stack_file`.
+    """
     return Path(__file__).resolve().parents[2]
 
 
 def stack_file(stack: str, project_dir: Path | None = None) -> Path:
-    return (project_dir or project_root()) / f"Pulumi.{stack}.yaml"
+    return project.stack_file(project_dir or project_root(), stack)
 
 
 def available_stacks(project_dir: Path | None = None) -> tuple[str, ...]:
-    folder = project_dir or project_root()
-    return tuple(
-        sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in folder.glob("Pulumi.*.yaml"))
-    )
+    return project.available_stacks(project_dir or project_root())
+
+
+def load_stack_file(path: Path) -> StackConfig:
+    """Read and validate one ``Pulumi.<stack>.yaml``.
+
+    Raises :class:`ConfigError` for anything wrong with it, unreadable files included (size,
+    encoding, YAML syntax with line and column, nesting depth, alias bombs: see raytpu.inputs).
+    """
+    try:
+        document = inputs.load_yaml(path)
+    except inputs.InputError as error:
+        raise ConfigError([str(error)]) from None
+    if document is None:
+        document = {}
+    if not isinstance(document, Mapping):
+        raise ConfigError(
+            [
+                f"{path}: a YAML {type(document).__name__} is not valid; valid: a mapping with config:"
+            ]
+        )
+    config = document.get("config")
+    return parse_config({} if config is None else config)
 
 
 def load_stack(stack: str, project_dir: Path | None = None) -> StackConfig:
     """Read and validate ``<project_dir>/Pulumi.<stack>.yaml`` (default: this repository)."""
-    path = stack_file(stack, project_dir)
-    if not path.is_file():
-        valid = ", ".join(available_stacks(project_dir)) or "(no Pulumi.<stack>.yaml found)"
-        raise ConfigError([f"stack: {stack!r} is not valid; valid: {valid} (no {path})"])
-    with path.open() as handle:
-        document = yaml.safe_load(handle) or {}
-    if not isinstance(document, Mapping):
-        raise ConfigError([f"{path}: {type(document).__name__} is not valid; valid: a mapping"])
-    return parse_config(document.get("config") or {})
+    try:
+        path = project.resolve_stack_file(stack, project_dir or project_root())
+    except project.ProjectError as error:
+        raise ConfigError([str(error)]) from None
+    return load_stack_file(path)

@@ -1,0 +1,92 @@
+"""Serving over real HTTP on a one-host simulated serving slice: one poisoned request among good
+ones answers alone; the others come back 200 from one batch."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+
+from raytpu.catalog import SliceShape, shape
+from raytpu_cli.common import post_json
+from workloads.local_cluster import LocalSliceCluster, free_port
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
+
+V6E_2X2 = shape("v6e", "2x2")
+BATCH_WAIT_S = 8.0
+"""Long enough that every good request sent at once joins the first batch (it fills no bucket
+of 8, so Serve waits the whole time): the batch is deterministic, not a race."""
+
+
+@dataclass(frozen=True)
+class Slice:
+    name: str
+    shape: SliceShape
+    count: int
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A step-1 checkpoint of a freshly initialised model (serving needs one, not a good one)."""
+    import jax
+
+    from workloads import model as m
+    from workloads.train import TrainConfig, open_checkpoints, save_state
+
+    directory = tmp_path_factory.mktemp("serve") / "ck"
+    cfg = m.ModelConfig.from_dict(TrainConfig(checkpoint_dir=str(directory)).model)
+    manager = open_checkpoints(str(directory))
+    try:
+        save_state(manager, 1, m.init_state(cfg, jax.random.PRNGKey(0)), cfg)
+        manager.wait_until_finished()
+    finally:
+        manager.close()
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def serving(checkpoint):
+    from workloads import serve as serving_module
+
+    with LocalSliceCluster([Slice("serve", V6E_2X2, 1)]):
+        handle = serving_module.deploy(
+            serving_module.build_app(checkpoint, V6E_2X2, batch_wait_s=BATCH_WAIT_S),
+            port=free_port(),
+            timeout_s=240,
+        )
+        try:
+            yield handle
+        finally:
+            serving_module.shutdown()
+
+
+POISONS = [
+    (b'{"prompt": "The old \\ud800 teacher", "max_new_tokens": 4}', 422, "unpaired surrogate"),
+    (b"[" * 8000 + b"]" * 8000, 400, "nested deeper than"),
+]
+
+
+@pytest.mark.parametrize(
+    ("poison", "status", "fragment"), POISONS, ids=["lone-surrogate", "nested-8000-deep"]
+)
+def test_one_poisoned_request_among_three_good_ones(serving, poison, status, fragment):
+    good = [
+        json.dumps({"prompt": p, "max_new_tokens": 4, "temperature": 0}).encode()
+        for p in ("The old teacher", "Where did", "In the morning")
+    ]
+    bodies = [good[0], poison, good[1], good[2]]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        replies = list(
+            pool.map(lambda raw: post_json(serving.url, None, raw=raw, timeout_s=120), bodies)
+        )
+    statuses = [r.status for r in replies]
+    assert statuses == [200, status, 200, 200], [r.body for r in replies]
+    assert fragment in replies[1].body["error"]
+    ok = [replies[0], replies[2], replies[3]]
+    # The three good requests ran together, as one batch of three.
+    assert [r.body["batch_size"] for r in ok] == [3, 3, 3]
+    assert [r.body["prompt"] for r in ok] == ["The old teacher", "Where did", "In the morning"]
+    assert all(1 <= len(r.body["completion"]) <= 4 for r in ok)
