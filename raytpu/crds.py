@@ -1,4 +1,5 @@
-"""Validate KubeRay objects against the real CustomResourceDefinition schemas, as the API server does.
+"""Validate custom resources (KubeRay, managed Prometheus) against their real CRD schemas, as the
+API server does.
 
 The Kubernetes API server does not validate the object it receives as it stands: for a custom
 resource with a structural schema it first drops every ``null`` on a field that is not
@@ -8,8 +9,9 @@ resource with a structural schema it first drops every ``null`` on a field that 
 :func:`admitted` does those two steps in that order on a copy, :func:`validate_spec` validates
 the result; a wrong type or a missing required field without a default stays an error.
 
-The schemas are read from ``$RAYTPU_KUBERAY_CRDS`` or, by default, ``../shared/kuberay/crds``
-beside the repository. Point the variable at CRDs exported from a live cluster
+A :class:`CrdSet` is one API group's CRDs in one folder. :data:`KUBERAY`'s schemas are read from
+``$RAYTPU_KUBERAY_CRDS`` or, by default, ``../shared/kuberay/crds`` beside the repository
+(:mod:`raytpu.gmp_crds` holds the managed-Prometheus set). Point the variable at CRDs exported from a live cluster
 (``kubectl get crd rayclusters.ray.io -o yaml > crds/ray.io_rayclusters.yaml``) to check against
 exactly the operator version GKE runs.
 """
@@ -19,47 +21,109 @@ from __future__ import annotations
 import copy
 import functools
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from jsonschema import Draft202012Validator
 
-CRDS_ENV = "RAYTPU_KUBERAY_CRDS"
-DEFAULT_CRDS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "kuberay" / "crds"
-KINDS = {"RayCluster": "rayclusters", "RayJob": "rayjobs", "RayService": "rayservices"}
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
 class CrdsMissingError(FileNotFoundError):
     """The CRD files are not where we look for them."""
 
 
-def crds_dir() -> Path:
-    return Path(os.environ.get(CRDS_ENV) or DEFAULT_CRDS_DIR)
+@dataclass(frozen=True)
+class CrdSet:
+    """The CRDs of one API group (``ray.io/v1``...) in one folder, and how to check objects."""
+
+    api_version: str
+    kinds: dict[str, str] = field(hash=False)
+    """kind -> plural (the CRD file is ``<group>_<plural>.yaml``)."""
+    env_var: str
+    default_dir: Path
+    report_unknown: bool = False
+    """Report fields the schema does not know (the API server would drop them silently)."""
+
+    @property
+    def group(self) -> str:
+        return self.api_version.split("/")[0]
+
+    @property
+    def version(self) -> str:
+        return self.api_version.split("/")[1]
+
+    def crds_dir(self) -> Path:
+        return Path(os.environ.get(self.env_var) or self.default_dir)
+
+    def spec_schema(self, kind: str) -> dict[str, Any]:
+        return _spec_schema(self, kind, str(self.crds_dir()))
+
+    def admitted(self, kind: str, spec: Any) -> Any:
+        """A copy of ``spec`` as the API server validates it: non-nullable nulls pruned,
+        defaults set."""
+        schema = self.spec_schema(kind)
+        result = copy.deepcopy(spec)
+        _prune_nulls(result, schema)
+        _apply_defaults(result, schema)
+        return result
+
+    def validate_spec(self, kind: str, spec: Any) -> list[str]:
+        """Schema errors of a ``spec`` of ``kind`` (empty when the API server would accept it).
+
+        Validates :meth:`admitted` (pruned and defaulted), as the API server does. Each error is
+        ``"spec.path.to.field: message"``.
+        """
+        admitted = self.admitted(kind, spec)
+        errors = (
+            _unknown_fields(admitted, self.spec_schema(kind), "spec") if self.report_unknown else []
+        )
+        validator = _validator(self, kind, str(self.crds_dir()))
+        for error in sorted(validator.iter_errors(admitted), key=lambda e: list(e.absolute_path)):
+            path = ".".join(str(p) for p in ("spec", *error.absolute_path))
+            errors.append(f"{path}: {error.message}")
+        return errors
+
+    def validate_object(self, obj: dict[str, Any]) -> list[str]:
+        """Schema errors of a whole object of this group."""
+        errors = []
+        if obj.get("apiVersion") != self.api_version:
+            errors.append(
+                f"apiVersion: {obj.get('apiVersion')!r} is not valid; valid: {self.api_version}"
+            )
+        kind = obj.get("kind")
+        if not isinstance(kind, str) or kind not in self.kinds:
+            return [*errors, f"kind: {kind!r} is not valid; valid: {', '.join(self.kinds)}"]
+        return errors + self.validate_spec(kind, obj.get("spec"))
 
 
 @functools.cache
-def _spec_schema(kind: str, directory: str) -> dict[str, Any]:
-    if kind not in KINDS:
-        raise ValueError(f"kind: {kind!r} is not a KubeRay kind; valid: {', '.join(KINDS)}")
-    path = Path(directory) / f"ray.io_{KINDS[kind]}.yaml"
+def _spec_schema(crds: CrdSet, kind: str, directory: str) -> dict[str, Any]:
+    if kind not in crds.kinds:
+        raise ValueError(
+            f"kind: {kind!r} is not a {crds.group} kind; valid: {', '.join(crds.kinds)}"
+        )
+    plural = crds.kinds[kind]
+    path = Path(directory) / f"{crds.group}_{plural}.yaml"
     if not path.is_file():
         raise CrdsMissingError(
-            f"KubeRay CRD for {kind} not found at {path}; set {CRDS_ENV} to a folder holding "
-            f"ray.io_{KINDS[kind]}.yaml (e.g. from `kubectl get crd {KINDS[kind]}.ray.io -o yaml`)"
+            f"CRD for {kind} not found at {path}; set {crds.env_var} to a folder holding "
+            f"{crds.group}_{plural}.yaml (e.g. from `kubectl get crd {plural}.{crds.group} -o yaml`)"
         )
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader is 10x faster on 1 MB
     with path.open() as handle:
         crd = yaml.load(handle, Loader=loader)
-    versions = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    versions = [v for v in crd["spec"]["versions"] if v["name"] == crds.version]
     if not versions:
-        raise CrdsMissingError(f"{path} has no v1 version")
+        raise CrdsMissingError(f"{path} has no {crds.version} version")
     return versions[0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
 
 
 @functools.cache
-def _validator(kind: str, directory: str) -> Draft202012Validator:
-    return Draft202012Validator(_spec_schema(kind, directory))
+def _validator(crds: CrdSet, kind: str, directory: str) -> Draft202012Validator:
+    return Draft202012Validator(_spec_schema(crds, kind, directory))
 
 
 def _field_schema(schema: Any, key: str) -> Any:
@@ -106,36 +170,35 @@ def _apply_defaults(value: Any, schema: Any) -> None:
             _apply_defaults(item, schema.get("items"))
 
 
-def admitted(kind: str, spec: Any) -> Any:
-    """A copy of ``spec`` as the API server validates it: non-nullable nulls pruned, defaults set."""
-    schema = _spec_schema(kind, str(crds_dir()))
-    result = copy.deepcopy(spec)
-    _prune_nulls(result, schema)
-    _apply_defaults(result, schema)
-    return result
+def _unknown_fields(value: Any, schema: Any, path: str) -> list[str]:
+    """Fields of ``value`` its schema does not know (and does not preserve)."""
+    unknown: list[str] = []
+    if not isinstance(schema, dict):
+        return unknown
+    if isinstance(value, dict) and "properties" in schema:
+        preserve = schema.get("x-kubernetes-preserve-unknown-fields", False)
+        for key, item in value.items():
+            if key in schema["properties"]:
+                unknown += _unknown_fields(item, schema["properties"][key], f"{path}.{key}")
+            elif not preserve and "additionalProperties" not in schema:
+                unknown.append(f"{path}.{key}: unknown field (the API server would drop it)")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            unknown += _unknown_fields(item, schema.get("items"), f"{path}[{index}]")
+    return unknown
 
 
-def validate_spec(kind: str, spec: Any) -> list[str]:
-    """Schema errors of a ``spec`` of ``kind`` (empty when the API server would accept it).
+KUBERAY = CrdSet(
+    api_version="ray.io/v1",
+    kinds={"RayCluster": "rayclusters", "RayJob": "rayjobs", "RayService": "rayservices"},
+    env_var="RAYTPU_KUBERAY_CRDS",
+    default_dir=SHARED / "kuberay" / "crds",
+)
+"""KubeRay's RayCluster, RayJob and RayService."""
 
-    Validates :func:`admitted` (pruned and defaulted), as the API server does. Each error is
-    ``"spec.path.to.field: message"``.
-    """
-    validator = _validator(kind, str(crds_dir()))
-    errors = []
-    found = validator.iter_errors(admitted(kind, spec))
-    for error in sorted(found, key=lambda e: list(e.absolute_path)):
-        path = ".".join(str(p) for p in ("spec", *error.absolute_path))
-        errors.append(f"{path}: {error.message}")
-    return errors
-
-
-def validate_object(obj: dict[str, Any]) -> list[str]:
-    """Schema errors of a whole KubeRay object (apiVersion ray.io/v1)."""
-    errors = []
-    if obj.get("apiVersion") != "ray.io/v1":
-        errors.append(f"apiVersion: {obj.get('apiVersion')!r} is not valid; valid: ray.io/v1")
-    kind = obj.get("kind")
-    if not isinstance(kind, str) or kind not in KINDS:
-        return [*errors, f"kind: {kind!r} is not valid; valid: {', '.join(KINDS)}"]
-    return errors + validate_spec(kind, obj.get("spec"))
+CRDS_ENV = KUBERAY.env_var
+KINDS = KUBERAY.kinds
+crds_dir = KUBERAY.crds_dir
+admitted = KUBERAY.admitted
+validate_spec = KUBERAY.validate_spec
+validate_object = KUBERAY.validate_object

@@ -1,11 +1,6 @@
 """Submitting a workload to the Ray cluster that ``pulumi up`` made, through Ray's Job Submission API.
 
-Examples:
-  kubectl port-forward svc/train-head-svc 8265:8265 -n ray     # in another terminal
-  raytpu submit --stack dev train --steps 100
-  raytpu submit --stack dev --outputs dev-outputs.json --no-wait train
-  raytpu submit --stack dev --cluster train -- python -m raytpu_cli catalog v6e 2x4 --json
-  raytpu submit --stack dev --cluster train serve
+The command and its examples: :mod:`raytpu_cli.submit`.
 
 The stack outputs (``pulumi stack output --json --stack STACK``, or a saved copy given with
 ``--outputs``) name the Ray clusters, their slices and their head services. The head is reached
