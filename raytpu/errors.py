@@ -47,19 +47,19 @@ class ErrorClass:
 
 
 NO_CAPACITY = ErrorClass(
-    "scheduling_no_capacity", "RTPU-S01", "scheduling", 3, 503, "no free slice in time"
+    "scheduling_no_capacity", "RTPU-S01", "scheduling", 4, 503, "no free slice in time"
 )
 PARTIAL_SLICE = ErrorClass(
-    "scheduling_partial_slice", "RTPU-S02", "scheduling", 3, 503, "a slice lacks hosts"
+    "scheduling_partial_slice", "RTPU-S02", "scheduling", 4, 503, "a slice lacks hosts"
 )
 MISSIZED_REQUEST = ErrorClass(
-    "scheduling_missized_request", "RTPU-S03", "scheduling", 3, 422, "request no host can hold"
+    "scheduling_missized_request", "RTPU-S03", "scheduling", 4, 422, "request no host can hold"
 )
-RUNTIME_MODEL = ErrorClass("runtime_model_error", "RTPU-R01", "runtime", 4, 500, "model/XLA")
-RUNTIME_NAN = ErrorClass("runtime_nan", "RTPU-R02", "runtime", 4, 500, "loss is NaN or inf")
-NETWORK_TIMEOUT = ErrorClass("network_timeout", "RTPU-N01", "network", 5, 504, "no answer in time")
+RUNTIME_MODEL = ErrorClass("runtime_model_error", "RTPU-R01", "runtime", 5, 500, "model/XLA")
+RUNTIME_NAN = ErrorClass("runtime_nan", "RTPU-R02", "runtime", 5, 500, "loss is NaN or inf")
+NETWORK_TIMEOUT = ErrorClass("network_timeout", "RTPU-N01", "network", 6, 504, "no answer in time")
 UPSTREAM_RATE_LIMITED = ErrorClass(
-    "upstream_rate_limited", "RTPU-U01", "upstream", 6, 429, "an upstream answered 429"
+    "upstream_rate_limited", "RTPU-U01", "upstream", 7, 429, "an upstream answered 429"
 )
 BAD_INPUT = ErrorClass("bad_input", "RTPU-I01", "input", 2, 400, "input refused")
 UNCLASSIFIED = ErrorClass("unclassified", "RTPU-X00", "unknown", 1, 500, "not classified")

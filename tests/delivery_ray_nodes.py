@@ -171,8 +171,10 @@ def _start(
 ) -> tuple[subprocess.Popen[bytes], Path]:
     # Jobs run `python ...`: as in the Ray image, the Python that runs Ray comes first on PATH.
     path = f"{RAY.parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    env = {**os.environ, "PATH": path, **SLOW_MACHINE_ENV, **(extra_env or {})}
-    env.pop("RAY_ADDRESS", None)
+    env = {**os.environ, "PATH": path, **SLOW_MACHINE_ENV}
+    for inherited in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
+        env.pop(inherited, None)  # a node's auth is what its caller asks for, never inherited
+    env.update(extra_env or {})
     with log.open("wb") as out:
         process = subprocess.Popen(
             [str(RAY), *args, "--block", "--disable-usage-stats"],

@@ -35,7 +35,9 @@ def _driver(address: str, token: str | None) -> subprocess.CompletedProcess[str]
     )
 
 
-def test_local_cluster_requires_the_token() -> None:
+def test_local_cluster_requires_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     with LocalSliceCluster([SliceChoice("serve", shape("v6e", "2x2"), 1)]) as cluster:
         assert os.environ["RAY_AUTH_MODE"] == "token"
         token = os.environ["RAY_AUTH_TOKEN"]
@@ -44,3 +46,5 @@ def test_local_cluster_requires_the_token() -> None:
         wrong = _driver(cluster.address, "not-" + token)
         assert wrong.returncode != 0
         assert "connected" not in wrong.stdout
+    # Taken back afterwards: later Ray use in this process is as before.
+    assert "RAY_AUTH_MODE" not in os.environ and "RAY_AUTH_TOKEN" not in os.environ

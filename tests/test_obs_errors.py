@@ -25,13 +25,13 @@ def test_codes_labels_are_unique_and_stable() -> None:
     labels = [c.label for c in errors.ERROR_CLASSES]
     assert len(set(codes)) == len(codes) and len(set(labels)) == len(labels)
     assert {c.label: (c.exit_code, c.http_status) for c in errors.ERROR_CLASSES} == {
-        "scheduling_no_capacity": (3, 503),
-        "scheduling_partial_slice": (3, 503),
-        "scheduling_missized_request": (3, 422),
-        "runtime_model_error": (4, 500),
-        "runtime_nan": (4, 500),
-        "network_timeout": (5, 504),
-        "upstream_rate_limited": (6, 429),
+        "scheduling_no_capacity": (4, 503),
+        "scheduling_partial_slice": (4, 503),
+        "scheduling_missized_request": (4, 422),
+        "runtime_model_error": (5, 500),
+        "runtime_nan": (5, 500),
+        "network_timeout": (6, 504),
+        "upstream_rate_limited": (7, 429),
         "bad_input": (2, 400),
         "unclassified": (1, 500),
     }
@@ -98,14 +98,14 @@ def test_existing_messages_are_kept() -> None:
 @pytest.mark.parametrize(
     ("error", "code", "line"),
     [
-        (_reservation_error(errors.MISSIZED_REQUEST), 3, "error [RTPU-S03 scheduling_missized"),
+        (_reservation_error(errors.MISSIZED_REQUEST), 4, "error [RTPU-S03 scheduling_missized"),
         (
             errors.NonFiniteLossError("loss at step 3 is nan"),
-            4,
+            5,
             "error [RTPU-R02 runtime_nan]: loss",
         ),
-        (errors.UpstreamRateLimitedError("429"), 6, "error [RTPU-U01 upstream_rate_limited]: 429"),
-        (errors.NetworkTimeoutError("no answer"), 5, "error [RTPU-N01 network_timeout]: no"),
+        (errors.UpstreamRateLimitedError("429"), 7, "error [RTPU-U01 upstream_rate_limited]: 429"),
+        (errors.NetworkTimeoutError("no answer"), 6, "error [RTPU-N01 network_timeout]: no"),
         (RuntimeError("boom"), 1, "error [RTPU-X00 unclassified]: boom"),
     ],
     ids=["scheduling", "nan", "rate-limit", "timeout", "unclassified"],

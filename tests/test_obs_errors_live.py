@@ -55,7 +55,7 @@ def stub_server(mode: str) -> Iterator[str]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("mode", "exit_code", "tag"),
-    [("429", 6, "[RTPU-U01 upstream_rate_limited]"), ("hang", 5, "[RTPU-N01 network_timeout]")],
+    [("429", 7, "[RTPU-U01 upstream_rate_limited]"), ("hang", 6, "[RTPU-N01 network_timeout]")],
     ids=["upstream-429", "upstream-timeout"],
 )
 def test_submit_exit_code_names_the_upstream_failure(

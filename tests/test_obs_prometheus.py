@@ -253,18 +253,18 @@ ERROR_SERIES = {
     "missized": (
         f'{mn.RESERVATIONS.promql}_total{{outcome="scheduling_missized_request",hosts="2"}}',
         "missized",
-        3,
+        4,
     ),
     "missized-errors": (
         f'{mn.ERRORS.promql}_total{{workload="reservation",'
         'error_class="scheduling_missized_request"}',
         "missized",
-        3,
+        4,
     ),
     "nan": (
         f'{mn.ERRORS.promql}_total{{workload="train",error_class="runtime_nan"}}',
         "nan",
-        4,
+        5,
     ),
     "bad-input": (
         f'{mn.SERVE_REQUESTS.promql}_total{{status_class="4xx",error_class="bad_input"}}',

@@ -183,6 +183,7 @@ class LocalSliceCluster:
         self._cluster: Any = None
         self._previous_handlers: dict[int, Any] = {}
         self._gcs_address: str | None = None
+        self._auth: contextlib.ExitStack | None = None
         self.address: str | None = None
         self.start_seconds: float | None = None
         self.interrupted: str | None = None
@@ -229,7 +230,9 @@ class LocalSliceCluster:
         # The address is fixed up front so every node's processes get RAY_ADDRESS: Ray's own
         # helpers that auto-detect "the" cluster (Ray Train's PlacementGroupCleaner uses the
         # state API) would otherwise fail when other Ray instances run on this machine.
-        enable_token_auth()
+        if self._auth is None:
+            self._auth = contextlib.ExitStack()
+            self._auth.enter_context(token_auth())
         gcs_port = free_port()
         address = f"{ray.util.get_node_ip_address()}:{gcs_port}"
         self._gcs_address = address  # known before any process starts: stop() can find them all
@@ -288,6 +291,9 @@ class LocalSliceCluster:
             if cluster is not None:
                 cluster.shutdown()  # its processes are gone: this only tidies Ray's records
                 logger.info("local slice cluster stopped")
+            auth, self._auth = self._auth, None
+            if auth is not None:
+                auth.close()
         self.address = None
 
     def __enter__(self) -> LocalSliceCluster:
@@ -373,26 +379,41 @@ AUTH_MODE_ENV = "RAY_AUTH_MODE"
 AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
 
 
-def enable_token_auth() -> bool:
-    """Run local clusters with Ray's token authentication, as Ray 2.59+ does for ``ray.init()``.
+@contextlib.contextmanager
+def token_auth() -> Iterator[bool]:
+    """Within the block, local clusters run with Ray's token authentication, as Ray 2.59+ does
+    for ``ray.init()``; yields whether it is on.
 
     Unless ``RAY_AUTH_MODE`` is set explicitly (``disabled`` opts out), this process gets
-    ``RAY_AUTH_MODE=token`` and a random ``RAY_AUTH_TOKEN`` (one per process, in its environment
-    only: the nodes it starts inherit it, as KubeRay injects it into every pod; nothing is written
-    to a shared disk). Returns whether token authentication is on.
+    ``RAY_AUTH_MODE=token`` and a random ``RAY_AUTH_TOKEN`` in its environment (the nodes it
+    starts inherit them, as KubeRay injects them into every pod; nothing is written to a shared
+    disk). Both are taken back at the end, so later Ray use in this process is as before.
     """
     mode = os.environ.get(AUTH_MODE_ENV)
     if mode is not None:
-        return mode.lower() == "token"
+        yield mode.lower() == "token"
+        return
     import secrets
 
+    previous_token = os.environ.get(AUTH_TOKEN_ENV)
+    os.environ[AUTH_MODE_ENV] = "token"
+    os.environ[AUTH_TOKEN_ENV] = previous_token or secrets.token_hex(32)
+    _reload_ray_auth()
+    try:
+        yield True
+    finally:
+        os.environ.pop(AUTH_MODE_ENV, None)
+        if previous_token is None:
+            os.environ.pop(AUTH_TOKEN_ENV, None)
+        _reload_ray_auth()
+
+
+def _reload_ray_auth() -> None:
+    """Ray caches its config and token at import: make this process see the current env."""
     from ray._raylet import AuthenticationTokenLoader, Config
 
-    os.environ[AUTH_MODE_ENV] = "token"
-    os.environ.setdefault(AUTH_TOKEN_ENV, secrets.token_hex(32))
-    Config.initialize("")  # Ray caches its config at import: let this process see token mode
+    Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
-    return True
 
 
 def kill_cluster_processes(gcs_address: str, *, timeout_s: float = 10.0) -> int:
