@@ -187,7 +187,13 @@ def _start(
 
 
 def _auth_env(token: str | None) -> dict[str, str]:
-    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token} if token else {}
+    """Ray's auth mode, always explicit: left unset, ``ray start`` turns token auth on by itself
+    whenever a token file exists (``~/.ray/auth_token``, written by any local ``ray.init()``)."""
+    return (
+        {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+        if token
+        else {"RAY_AUTH_MODE": "disabled"}
+    )
 
 
 def _start_head(head_cpus: int, timeout_s: float, token: str | None = None) -> LocalRay:
