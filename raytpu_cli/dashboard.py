@@ -6,7 +6,7 @@ Examples:
 
 Runs ``kubectl port-forward`` under your own kubectl credentials (never a public endpoint),
 prints the local URL, and keeps the tunnel open until Ctrl-C or ``--duration`` seconds; the
-tunnel is always closed on exit. Exit codes: 0 closed normally, 2 bad input, 5 the tunnel did
+tunnel is always closed on exit. Exit codes: 0 closed normally, 2 bad input, 6 the tunnel did
 not come up in time, 1 kubectl failed.
 """
 

@@ -51,7 +51,7 @@ def _gone(pid: int) -> bool:
     [
         ("ok", 0, "Ray Dashboard of RayCluster 'train': http://127.0.0.1:18265"),
         ("fail", 1, 'kubectl port-forward exited: error: services "x" not found'),
-        ("silent", 5, "[RTPU-N01 network_timeout]: kubectl port-forward did not forward"),
+        ("silent", 6, "[RTPU-N01 network_timeout]: kubectl port-forward did not forward"),
     ],
     ids=["opens-and-closes", "kubectl-fails", "never-forwards"],
 )

@@ -34,7 +34,8 @@ def checkpoint(tmp_path_factory):
     import jax
 
     from workloads import model as m
-    from workloads.train import TrainConfig, open_checkpoints, save_state
+    from workloads.checkpoint import open_checkpoints, save_state
+    from workloads.train import TrainConfig
 
     directory = tmp_path_factory.mktemp("serve") / "ck"
     cfg = m.ModelConfig.from_dict(TrainConfig(checkpoint_dir=str(directory)).model)

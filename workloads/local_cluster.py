@@ -268,6 +268,8 @@ class LocalSliceCluster:
                 log_to_driver=True,
                 logging_level=logging.WARNING,
             )
+            if self._previous_handlers:  # inside `with`: take SIGTERM back from ray.init()
+                self._install_signal_handlers()
 
     def stop(self) -> None:
         """Disconnect the driver and kill every process of the cluster. Safe to call twice.
@@ -322,15 +324,25 @@ class LocalSliceCluster:
             )
 
     def _install_signal_handlers(self) -> None:
+        """SIGINT and SIGTERM unwind the ``with`` block (KeyboardInterrupt). A SIGTERM that comes
+        while another SIGINT handler is in charge (Ray Train's, which aborts a run gracefully)
+        is handed to that handler, so both signals stop a run the same way. Called again after
+        ``ray.init()``, which installs a SIGTERM handler of its own (``sys.exit``)."""
+
         def interrupt(signum: int, frame: FrameType | None) -> None:
             self.interrupted = self.interrupted or signal.Signals(signum).name
+            current = signal.getsignal(signal.SIGINT)
+            if signum == signal.SIGTERM and callable(current) and current is not interrupt:
+                current(signal.SIGINT, frame)
+                return
             raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
         if os.name != "posix":
             return
         with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
             for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous_handlers[signum] = signal.signal(signum, interrupt)
+                previous = signal.signal(signum, interrupt)
+                self._previous_handlers.setdefault(signum, previous)
 
     def _restore_signal_handlers(self) -> None:
         for signum, handler in self._previous_handlers.items():
