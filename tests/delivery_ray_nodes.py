@@ -187,7 +187,9 @@ def _start(
 
 
 def _auth_env(token: str | None) -> dict[str, str]:
-    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token} if token else {}
+    """Ray's auth mode, always explicit: left unset, ``ray start`` turns token auth on by itself
+    whenever a token file exists (``~/.ray/auth_token``, written by any local ``ray.init()``)."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token} if token else {"RAY_AUTH_MODE": "disabled"}
 
 
 def _start_head(head_cpus: int, timeout_s: float, token: str | None = None) -> LocalRay:
@@ -246,3 +248,23 @@ def local_ray(
         yield cluster
     finally:
         cluster.stop()
+
+
+def fake_kubectl(folder: Path, secret: str, token: str) -> Path:
+    """A folder with a ``kubectl`` that answers ``get secret <secret>`` with ``token`` (base64),
+    as the real one does for a user allowed to read it, and Forbidden for anything else."""
+    import base64
+    import stat
+
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "kubectl"
+    encoded = base64.b64encode(token.encode()).decode()
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1 $2 $3" = "get secret {secret}" ]; then\n'
+        f"  printf '%s' '{encoded}'; exit 0\n"
+        "fi\n"
+        'echo "Error from server (Forbidden): $*" >&2; exit 1\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return folder
