@@ -6,8 +6,11 @@ Examples:
 
 Runs ``kubectl port-forward`` under your own kubectl credentials (never a public endpoint),
 prints the local URL, and keeps the tunnel open until Ctrl-C or ``--duration`` seconds; the
-tunnel is always closed on exit. Exit codes: 0 closed normally, 2 bad input, 6 the tunnel did
-not come up in time, 1 kubectl failed.
+tunnel is always closed on exit. A head with token authentication gets a small proxy on that
+local URL that adds the credential to every request (your Kubernetes credentials, or the token
+Secret read with your RBAC, as ``raytpu submit`` does): the browser never asks for a token and
+you never copy one. The proxy listens on 127.0.0.1 only. Exit codes: 0 closed normally, 2 bad
+input, 6 the tunnel did not come up in time, 1 kubectl failed.
 """
 
 from __future__ import annotations
@@ -111,7 +114,55 @@ def tunnel(
                 process.wait(timeout=5)
 
 
+HOP_HEADERS = frozenset(
+    {"host", "connection", "keep-alive", "transfer-encoding", "upgrade", "content-length"}
+)
+
+
+@contextlib.contextmanager
+def auth_proxy(target: str, headers: dict[str, str], port: int) -> Iterator[str]:
+    """An HTTP proxy on ``127.0.0.1:port`` to ``target`` that adds ``headers`` to every request;
+    yields its URL. Runs in a thread with its own event loop; stopped on exit (bounded)."""
+    import asyncio
+
+    from aiohttp import ClientSession, ClientTimeout, web
+
+    async def forward(request: web.Request) -> web.Response:
+        sent = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        sent.update(headers)
+        async with (
+            ClientSession(timeout=ClientTimeout(total=60)) as session,
+            session.request(
+                request.method,
+                f"{target}{request.rel_url}",
+                headers=sent,
+                data=await request.read(),
+            ) as reply,
+        ):
+            body = await reply.read()
+            kept = {k: v for k, v in reply.headers.items() if k.lower() not in HOP_HEADERS}
+            kept.pop("Content-Encoding", None)  # aiohttp hands the body over decoded
+            return web.Response(status=reply.status, body=body, headers=kept)
+
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, name="dashboard-proxy", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
 def run(args: argparse.Namespace) -> int:
+    from raytpu_cli.ray_credentials import CredentialError, auth_headers
     from workloads.local_cluster import free_port
 
     try:
@@ -124,15 +175,25 @@ def run(args: argparse.Namespace) -> int:
         return failure.report(error)
     port = args.port or free_port()
     try:
-        with tunnel(command(args.kubectl, head, port), timeout_s=START_TIMEOUT_S) as process:
-            print(f"Ray Dashboard of {head.kind} {head.name!r}: http://127.0.0.1:{port}")
+        headers = auth_headers(head)
+        tunnel_port = free_port() if headers else port
+        with contextlib.ExitStack() as stack:
+            process = stack.enter_context(
+                tunnel(command(args.kubectl, head, tunnel_port), timeout_s=START_TIMEOUT_S)
+            )
+            url = f"http://127.0.0.1:{port}"
+            if headers:  # the browser's requests get the credential on the way
+                url = stack.enter_context(
+                    auth_proxy(f"http://127.0.0.1:{tunnel_port}", headers, port)
+                )
+            print(f"Ray Dashboard of {head.kind} {head.name!r}: {url}")
             print(f"tunnel open for {args.duration:.0f} s; Ctrl-C closes it", file=sys.stderr)
             deadline = time.monotonic() + args.duration
             while process.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
             if process.poll() not in (None, 0):
                 raise TunnelError(f"kubectl port-forward stopped with {process.returncode}")
-    except (TunnelError, errors.NetworkTimeoutError, OSError) as error:
+    except (TunnelError, errors.NetworkTimeoutError, OSError, CredentialError) as error:
         return failure.report(error)
     except KeyboardInterrupt:
         print("tunnel closed", file=sys.stderr)

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("raytpu_cli.train", "train the LM on a stack's TPU slice (JaxTrainer)"),
     "serve": ("raytpu_cli.serve", "serve the latest checkpoint with Ray Serve"),
     "observability": ("raytpu_cli.observability", "write alert rules and dashboards as files"),
+    "status": ("raytpu_cli.status", "slices, jobs and Serve apps of a stack's Ray cluster"),
     "dashboard": (
         "raytpu_cli.dashboard",
         "open a stack's Ray Dashboard through kubectl port-forward",

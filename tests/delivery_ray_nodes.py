@@ -252,3 +252,23 @@ def local_ray(
         yield cluster
     finally:
         cluster.stop()
+
+
+def fake_kubectl(folder: Path, secret: str, token: str) -> Path:
+    """A folder with a ``kubectl`` that answers ``get secret <secret>`` with ``token`` (base64),
+    as the real one does for a user allowed to read it, and Forbidden for anything else."""
+    import base64
+    import stat
+
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "kubectl"
+    encoded = base64.b64encode(token.encode()).decode()
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1 $2 $3" = "get secret {secret}" ]; then\n'
+        f"  printf '%s' '{encoded}'; exit 0\n"
+        "fi\n"
+        'echo "Error from server (Forbidden): $*" >&2; exit 1\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return folder

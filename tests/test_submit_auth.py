@@ -12,14 +12,13 @@ import base64
 import json
 import os
 import secrets
-import stat
 import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 import requests
-from delivery_ray_nodes import local_ray
+from delivery_ray_nodes import fake_kubectl, local_ray
 
 from raytpu.stack_outputs import RayHead
 from raytpu_cli import main as cli
@@ -107,22 +106,6 @@ def test_gcloud_not_logged_in() -> None:
 
 
 # ------------------------------------------------------------------- a real head with auth
-def _fake_kubectl(folder: Path, token: str) -> Path:
-    """A ``kubectl`` that answers ``get secret train-ray-auth`` with ``token`` (base64)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    script = folder / "kubectl"
-    encoded = base64.b64encode(token.encode()).decode()
-    script.write_text(
-        "#!/bin/sh\n"
-        'if [ "$1 $2 $3" = "get secret train-ray-auth" ]; then\n'
-        f"  printf '%s' '{encoded}'; exit 0\n"
-        "fi\n"
-        'echo "Error from server (Forbidden): $*" >&2; exit 1\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def auth_head() -> Iterator[tuple[str, str]]:
     token = secrets.token_hex(24)
@@ -170,7 +153,7 @@ def test_jobs_api_refuses_no_token_and_submit_succeeds(
     }
     path = tmp_path / "outputs.json"
     path.write_text(json.dumps(outputs))
-    bin_dir = _fake_kubectl(tmp_path / "bin", token)
+    bin_dir = fake_kubectl(tmp_path / "bin", "train-ray-auth", token)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     argv = [
         "submit",
@@ -190,7 +173,7 @@ def test_jobs_api_refuses_no_token_and_submit_succeeds(
     assert "SUCCEEDED" in captured.err
 
     # The same submission with a token the head does not know is refused with the reason.
-    _fake_kubectl(bin_dir, "not-the-token")
+    fake_kubectl(bin_dir, "train-ray-auth", "not-the-token")
     code = cli.main([*argv, "--", "python", "-c", "print('never')"])
     captured = capsys.readouterr()
     assert code == 1
