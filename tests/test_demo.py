@@ -96,7 +96,7 @@ def _after_seconds(seconds: float) -> Callable[[Path, str], bool]:
 
 PHASES = [
     ("cluster start", lambda: _after_seconds(4.0), signal.SIGINT),
-    ("training", lambda: _log_has("[train] step 5/"), signal.SIGINT),
+    # During training Ray Train's own SIGINT handler is in charge; a SIGTERM is handed to it.
     ("training", lambda: _log_has("[train] step 5/"), signal.SIGTERM),
     ("serving", lambda: _log_has("Deploying new version of Deployment"), signal.SIGINT),
 ]

@@ -286,8 +286,10 @@ def reserve_slices(
                 f"bundles not placed within {timeout_s:.0f} s: {missing.reason}",
                 missing.error_class,
             )
-        # Every host bundle is placed; the head placement groups only guarded the race.
-        spg.release_head_pgs()
+        # The head placement groups stay until the reservation ends: released early, a slice
+        # whose hosts are all held looks free by its head resource, and the next reservation
+        # claims that head and waits on bundles that never place (Ray's sharp edge, seen here as
+        # a flaky "no free slice" while one slice was still free).
         hosts = _hosts_of(pg, spg.num_bundles)
         reservation = SliceReservation(
             shape=shape,
