@@ -196,7 +196,6 @@ KUBERAY = CrdSet(
 )
 """KubeRay's RayCluster, RayJob and RayService."""
 
-CRDS_ENV = KUBERAY.env_var
 KINDS = KUBERAY.kinds
 crds_dir = KUBERAY.crds_dir
 admitted = KUBERAY.admitted

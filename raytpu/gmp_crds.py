@@ -9,7 +9,7 @@ would drop it silently).
 
 from __future__ import annotations
 
-from raytpu.crds import SHARED, CrdSet, CrdsMissingError
+from raytpu.crds import SHARED, CrdSet
 
 GMP = CrdSet(
     api_version="monitoring.googleapis.com/v1",
@@ -26,6 +26,4 @@ GMP = CrdSet(
 )
 
 API_VERSION = GMP.api_version
-GMP_CRDS_ENV = GMP.env_var
-GmpCrdsMissingError = CrdsMissingError
 validate_object = GMP.validate_object
