@@ -1,19 +1,22 @@
 """Workloads on a real local Ray cluster of simulated TPU hosts (one cluster for the module).
 
 The cluster: two v6e 2x4 training slices (2 hosts x 4 chips each), one v6e 2x2 serving host, and
-a v4 2x2x2 slice that lost its second host.
+a v4 2x2x2 slice that lost its second host. Each host has its own working directory and TMPDIR;
+checkpoints go to ``gs://`` on a real GCS emulator (fake-gcs-server), as on GKE.
 """
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
 from raytpu.catalog import SliceShape, shape
+from raytpu.ray_names import LABEL_SLICE_NAME, LABEL_WORKER_ID
 from raytpu_cli.common import post_json
+from workloads.gcs_emulator import GcsEmulator, GcsEmulatorError
 from workloads.local_cluster import LocalSliceCluster, free_port
 from workloads.reservation import SliceReservationError, reserve_slices
 
@@ -23,6 +26,8 @@ V6E_2X4_4T = shape("v6e", "2x4", machine_type="ct6e-standard-4t")
 V6E_2X2 = shape("v6e", "2x2")
 V4_2X2X2 = shape("v4", "2x2x2")
 TOTAL_TPU = 2 * 8 + 4 + 4  # two 2x4 slices, the serving host, the one surviving v4 host
+BUCKET = "raytpu-test-checkpoints"
+RUN = f"gs://{BUCKET}/run"
 
 
 @dataclass(frozen=True)
@@ -33,13 +38,27 @@ class Slice:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def gcs():
+    """The stack's checkpoint bucket, as a real GCS emulator (skips only if it cannot start)."""
+    emulator = GcsEmulator((BUCKET,))
+    try:
+        emulator.start()
+    except GcsEmulatorError as error:
+        pytest.skip(f"the GCS emulator (fake-gcs-server) cannot start here: {error}")
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(gcs):
     slices = [
         Slice("train", V6E_2X4_4T, 2),
         Slice("serve", V6E_2X2, 1),
         Slice("broken", V4_2X2X2, 1),
     ]
-    with LocalSliceCluster(slices, missing_hosts=[("broken-0", 1)]) as running:
+    with LocalSliceCluster(slices, missing_hosts=[("broken-0", 1)], env=gcs.env) as running:
         yield running
 
 
@@ -142,78 +161,80 @@ def test_training_no_slice_can_hold_fails_in_bounded_time(released, tmp_path):
     assert "each bundle asks TPU 8 but the largest host has TPU 4" in str(caught.value)
 
 
-PRE_STEPS = 3
-
-
 @pytest.fixture(scope="module")
-def trained(cluster, tmp_path_factory):
-    """Three steps here (one process, one device), then JaxTrainer resumes to step 8 on the slice.
-
-    One Ray Train run covers the smoke test and resume: the checkpoint it resumes from was
-    written by a different process/device layout, which Orbax must reshard onto the mesh.
-    """
-    from functools import partial
-
-    import jax
-
-    from workloads import model as m
-    from workloads.checkpoint import open_checkpoints, save_state
-    from workloads.corpus import load_corpus
+def trained(cluster):
+    """Two runs on a 2-host slice, both checkpointing to gs://: the first to step 4, the second
+    resumes from it to step 8."""
     from workloads.train import TrainConfig, run_training
 
-    workdir = tmp_path_factory.mktemp("train")
-    config = TrainConfig(
-        checkpoint_dir=str(workdir / "ck"),
-        steps=8,
-        global_batch=16,
-        checkpoint_every=4,
-        log_every=4,
+    first_config = TrainConfig(
+        checkpoint_dir=RUN, steps=4, global_batch=16, checkpoint_every=4, log_every=4
     )
-    cfg = m.ModelConfig.from_dict(config.model)
-    corpus = m.encode(load_corpus())
-    state = m.init_state(cfg, jax.random.PRNGKey(config.seed))
-    step = jax.jit(partial(m.train_step, cfg))
-    pre_losses = []
-    for index in range(PRE_STEPS):
-        batch = m.sample_batch(corpus, config.global_batch, cfg.seq_len, seed=index)
-        state, loss = step(state, batch)
-        pre_losses.append(float(loss))
-    manager = open_checkpoints(config.checkpoint_dir)
-    try:
-        save_state(manager, PRE_STEPS, state, cfg)
-        manager.wait_until_finished()
-    finally:
-        manager.close()
-    result = run_training(V6E_2X4_4T, config, storage_path=str(workdir / "ray"))
-    return config, pre_losses, result
+    first = run_training(V6E_2X4_4T, first_config, name="first")
+    second_began = time.time()
+    config = replace(first_config, steps=8)
+    second = run_training(V6E_2X4_4T, config, name="second")
+    return config, first, second, second_began
 
 
 def test_training_smoke_spmd_over_all_hosts_and_chips(trained):
-    _, _, result = trained
-    assert result.process_count == V6E_2X4_4T.hosts
-    assert result.device_count == V6E_2X4_4T.chips
-    assert result.local_device_count == V6E_2X4_4T.chips_per_host
-    assert len(result.losses) == result.steps_run == 8 - PRE_STEPS
-    assert result.last_loss < result.first_loss - 0.5
-    assert result.latest_checkpoint == 8
-    assert result.slice_names in (("train-0",), ("train-1",))
+    _, first, second, _ = trained
+    assert second.process_count == V6E_2X4_4T.hosts
+    assert second.device_count == V6E_2X4_4T.chips
+    assert second.local_device_count == V6E_2X4_4T.chips_per_host
+    assert len(first.losses) == 4 and len(second.losses) == 4
+    assert second.last_loss < first.first_loss - 0.5
+    assert second.latest_checkpoint == 8
 
 
-def test_training_resumed_from_latest_checkpoint(trained):
-    _, pre_losses, result = trained
-    assert (result.resumed_from, result.final_step) == (PRE_STEPS, 8)
+def test_second_run_resumes_from_the_gs_checkpoint_at_the_saved_step(trained):
+    _, first, second, _ = trained
+    assert (first.resumed_from, first.final_step, first.latest_checkpoint) == (0, 4, 4)
+    assert (second.resumed_from, second.final_step) == (4, 8)
     # The curve continues where the checkpoint left it instead of starting over at ~ln(256).
-    assert result.first_loss < pre_losses[0] - 0.3
+    assert second.first_loss < first.first_loss - 0.3
 
 
-def test_checkpoint_restores_identical_parameters(trained):
+def test_every_host_wrote_its_own_shards_to_the_bucket_and_none_to_disk(trained, gcs, cluster):
+    names = gcs.objects(BUCKET, "run/8/")
+    assert "run/8/commit_success.txt" in names
+    writers = {n.split("/")[3] for n in names if n.startswith("run/8/params/ocdbt.process_")}
+    assert writers == {"ocdbt.process_0", "ocdbt.process_1"}, names
+    assert gcs.objects(BUCKET, "ray-train/second/"), "Ray Train's storage is on the bucket too"
+    for host_dir in cluster.host_dirs.values():
+        assert not list(host_dir.rglob("commit_success.txt")), host_dir
+
+
+def test_reported_placement_is_where_the_workers_ran(trained, cluster):
+    import ray
+    from ray._private.state import actors  # the GCS actor table (no dashboard here)
+
+    _, _, second, began = trained
+    assert [p.rank for p in second.placements] == [0, 1]
+    assert len(second.slice_names) == 1 and second.slice_names[0] in ("train-0", "train-1")
+    assert sorted(p.tpu_worker_id for p in second.placements) == [0, 1]
+    workers = [
+        a
+        for a in actors().values()
+        if a["ActorClassName"] == "RayTrainWorker" and a["StartTime"] / 1000 >= began
+    ]
+    assert len(workers) == 2, [a["ActorClassName"] for a in actors().values()]
+    assert {a["Address"]["NodeID"] for a in workers} == {p.node_id for p in second.placements}
+    labels = {n["NodeID"]: n["Labels"] for n in ray.nodes()}
+    for placement in second.placements:
+        node = labels[placement.node_id]
+        assert node[LABEL_SLICE_NAME] == placement.slice_name
+        assert node[LABEL_WORKER_ID] == str(placement.tpu_worker_id)
+
+
+def test_checkpoint_restores_identical_parameters_from_gs(trained):
     from workloads.checkpoint import restore_params
     from workloads.model import params_digest
 
-    config, _, result = trained
+    config, _, second, _ = trained
     params, _, step = restore_params(config.checkpoint_dir)
     assert step == 8
-    assert params_digest(params) == result.params_digest
+    assert params_digest(params) == second.params_digest
 
 
 # ------------------------------------------------------------------------ serving
@@ -221,7 +242,7 @@ def test_checkpoint_restores_identical_parameters(trained):
 def serving(trained):
     from workloads import serve as serving_module
 
-    config, _, _ = trained
+    config, *_ = trained
     handle = serving_module.deploy(
         serving_module.build_app(config.checkpoint_dir, V6E_2X2), port=free_port(), timeout_s=180
     )
@@ -246,6 +267,19 @@ def test_http_round_trip_on_the_serving_slice(serving):
         assert reply.body["host"] == "serve-0"
         assert reply.body["checkpoint_step"] == 8
         assert 1 <= reply.body["batch_size"] <= 4
+
+
+def test_a_replica_computes_on_every_chip_of_its_host(serving):
+    from ray import serve
+
+    seen = serve.get_app_handle(serving.name).describe.remote().result(timeout_s=60)
+    chips = V6E_2X2.chips_per_host
+    assert len(seen["local_devices"]) == chips
+    assert seen["param_devices"] == [chips], "every parameter replicated on all chips"
+    assert seen["batch_devices"] == chips and seen["batch_axes"] == ["data"]
+    assert seen["rows_per_device"] == [seen["batch_rows"] // chips]
+    assert seen["logits_devices"] == chips
+    assert all(size % chips == 0 for size in seen["buckets"])
 
 
 @pytest.mark.parametrize(

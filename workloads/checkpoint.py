@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from workloads.storage import is_remote, quiet_clients
+
 
 def open_checkpoints(directory: str) -> Any:
     """An Orbax CheckpointManager on ``directory`` (local path or ``gs://``), last 3 kept."""
@@ -23,9 +25,10 @@ def open_checkpoints(directory: str) -> Any:
 
 
 def orbax_path(directory: str) -> Any:
-    if "://" in directory:
+    if is_remote(directory):
         from etils import epath
 
+        quiet_clients()
         return epath.Path(directory)
     return Path(directory).absolute()
 
@@ -65,10 +68,14 @@ def restore_state(manager: Any, step: int, like: Any) -> Any:
     return like.replace(step=step_array, params=restored.params, opt_state=restored.opt_state)
 
 
-def restore_params(directory: str, step: int | None = None) -> tuple[Any, Any, int]:
-    """(params, ModelConfig, step) from a checkpoint dir, onto this process's first device.
+def restore_params(
+    directory: str, step: int | None = None, sharding: Any = None
+) -> tuple[Any, Any, int]:
+    """(params, ModelConfig, step) from a checkpoint dir (local or ``gs://``).
 
-    Used by Serve replicas and tests (one process, any device count).
+    ``sharding``: where every parameter goes (e.g. replicated over a Serve replica's mesh,
+    :func:`workloads.model.replicated`); default: this process's first device. Used by Serve
+    replicas and tests (one process, any device count).
     """
     import jax
     import orbax.checkpoint as ocp
@@ -82,7 +89,7 @@ def restore_params(directory: str, step: int | None = None) -> tuple[Any, Any, i
             raise FileNotFoundError(f"checkpoint_dir: {directory!r} has no checkpoint")
         meta = manager.restore(chosen, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
         cfg = m.ModelConfig.from_dict(meta["model"])
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        device = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         shapes = jax.eval_shape(lambda: m.init_state(cfg, jax.random.PRNGKey(0)).params)
         target = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes

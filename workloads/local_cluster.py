@@ -18,6 +18,13 @@ with Ray 2.60: the nodes came up with no labels), so :func:`host_specs` states e
 resources and labels, plus the same environment, ``JAX_PLATFORMS=cpu`` and
 ``--xla_force_host_platform_device_count=<chips per host>`` so that each host process sees one CPU
 device per TPU chip. ``jax.distributed`` then joins the host processes into one real mesh.
+
+Each simulated host also gets what a real host does not share with the others: its own working
+directory (the raylet's and so its workers' current directory), its own ``TMPDIR`` and its own
+Ray temp folder (session, logs, spilled objects), all under one folder per host
+(:attr:`LocalSliceCluster.host_dirs`). Files one host writes to a relative path or to its temp
+folder are not where another host looks, as on GKE; shared files go to ``gs://`` (the GCS
+emulator, :mod:`workloads.gcs_emulator`, stands in for the stack's bucket).
 """
 
 from __future__ import annotations
@@ -25,11 +32,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
@@ -162,9 +172,12 @@ class LocalSliceCluster:
         connect: bool = True,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         missing_hosts: Collection[tuple[str, int]] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         """``missing_hosts``: ``(slice name, worker id)`` pairs left out, to simulate a slice
-        that lost a host (e.g. ``("broken-0", 1)``)."""
+        that lost a host (e.g. ``("broken-0", 1)``). ``env``: extra environment of every node
+        (the head and each host), e.g. the GCS emulator's
+        (:attr:`workloads.gcs_emulator.GcsEmulator.env`), as a pod spec's ``env`` would."""
         every = host_specs(slices)
         known = {(h.slice_name, h.worker_id) for h in every}
         missing = {(str(name), int(worker)) for name, worker in missing_hosts}
@@ -180,6 +193,10 @@ class LocalSliceCluster:
         self._object_store = object_store_mb * 1024 * 1024
         self._connect = connect
         self._start_timeout_s = start_timeout_s
+        self._env = dict(env or {})
+        self._root: Path | None = None
+        self.host_dirs: dict[tuple[str, int], Path] = {}
+        """``(slice name, worker id)`` -> that host's own folder (working dir, TMPDIR, Ray temp)."""
         self._cluster: Any = None
         self._previous_handlers: dict[int, Any] = {}
         self._gcs_address: str | None = None
@@ -236,29 +253,42 @@ class LocalSliceCluster:
         gcs_port = free_port()
         address = f"{ray.util.get_node_ip_address()}:{gcs_port}"
         self._gcs_address = address  # known before any process starts: stop() can find them all
+        # Short: Ray's socket paths under each temp folder must stay below 108 bytes.
+        self._root = Path(tempfile.mkdtemp(prefix="raytpu-hosts-"))
+        head_dir = self._node_dir("head")  # Ray's temp folder stays its default (/tmp/ray)
         self._cluster = Cluster(
             initialize_head=True,
             head_node_args={
                 "num_cpus": self._head_cpus,
                 "include_dashboard": False,
                 "gcs_server_port": gcs_port,
-                "env_vars": {"RAY_ADDRESS": address},
+                "env_vars": {**self._env, "TMPDIR": str(head_dir / "tmp"), "RAY_ADDRESS": address},
                 "object_store_memory": self._object_store,
                 **_agent_ports(),
             },
         )
-        for host in self.hosts:
+        for index, host in enumerate(self.hosts):
             self._check_deadline(began)
-            # wait=False: the raylets start in parallel; wait_for_nodes below bounds it.
-            self._cluster.add_node(
-                wait=False,
-                num_cpus=self._host_cpus,
-                resources=dict(host.resources),
-                labels=dict(host.labels),
-                env_vars={**host.env, "RAY_ADDRESS": address},
-                object_store_memory=self._object_store,
-                **_agent_ports(),
-            )
+            host_dir = self._node_dir(f"h{index}")
+            self.host_dirs[(host.slice_name, host.worker_id)] = host_dir
+            # wait=False: the raylets start in parallel; wait_for_nodes below bounds it. The
+            # raylet starts in the host's own folder, and its workers inherit it.
+            with contextlib.chdir(host_dir / "work"):
+                self._cluster.add_node(
+                    wait=False,
+                    num_cpus=self._host_cpus,
+                    resources=dict(host.resources),
+                    labels=dict(host.labels),
+                    temp_dir=str(host_dir / "ray"),
+                    env_vars={
+                        **self._env,
+                        **host.env,
+                        "TMPDIR": str(host_dir / "tmp"),
+                        "RAY_ADDRESS": address,
+                    },
+                    object_store_memory=self._object_store,
+                    **_agent_ports(),
+                )
         self._cluster.wait_for_nodes(timeout=self._remaining(began))
         self.address = self._cluster.address
         if self._connect:
@@ -296,6 +326,10 @@ class LocalSliceCluster:
             auth, self._auth = self._auth, None
             if auth is not None:
                 auth.close()
+            root, self._root = self._root, None
+            if root is not None:
+                shutil.rmtree(root, ignore_errors=True)
+            self.host_dirs = {}
         self.address = None
 
     def __enter__(self) -> LocalSliceCluster:
@@ -313,6 +347,13 @@ class LocalSliceCluster:
             self._restore_signal_handlers()
 
     # -- helpers ---------------------------------------------------------------------------
+    def _node_dir(self, name: str) -> Path:
+        assert self._root is not None
+        node_dir = self._root / name
+        for sub in ("work", "tmp", "ray"):
+            (node_dir / sub).mkdir(parents=True, exist_ok=True)
+        return node_dir
+
     def _remaining(self, began: float) -> float:
         return max(1.0, self._start_timeout_s - (time.monotonic() - began))
 
@@ -382,6 +423,7 @@ class LocalSliceCluster:
                 "podType": host.shape.pod_type,
                 "topology": host.shape.topology,
                 "chips": host.shape.chips_per_host,
+                "dir": str(self.host_dirs.get((host.slice_name, host.worker_id), "")),
             }
             for host in self.hosts
         ]

@@ -151,10 +151,48 @@ def generate(
     max_new_tokens: list[int],
     temperatures: list[float],
     seed: int = 0,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> list[str]:
     """Continue each prompt (see :func:`generate_tokens`) and decode the new bytes."""
-    tokens = generate_tokens(params, cfg, prompts, max_new_tokens, temperatures, seed)
+    tokens = generate_tokens(params, cfg, prompts, max_new_tokens, temperatures, seed, mesh)
     return [decode(row) for row in tokens]
+
+
+def local_mesh() -> jax.sharding.Mesh:
+    """A 1-D mesh (axis ``data``) over this process's devices: every chip of one TPU host."""
+    return jax.sharding.Mesh(np.array(jax.local_devices()), ("data",))
+
+
+def replicated(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def prompt_windows(cfg: ModelConfig, prompts: list[str]) -> np.ndarray:
+    """The last ``seq_len`` bytes of each prompt, left-padded with spaces: ``[rows, seq_len]``."""
+    windows = np.full((len(prompts), cfg.seq_len), ord(" "), np.int32)
+    for row, prompt in enumerate(prompts):
+        ids = encode(prompt)[-cfg.seq_len :]
+        windows[row, cfg.seq_len - len(ids) :] = ids
+    return windows
+
+
+def place_batch(rows: np.ndarray, mesh: jax.sharding.Mesh | None) -> jax.Array:
+    """``rows`` on the devices: split along the batch over the mesh's ``data`` axis (the row
+    count must be a multiple of its size), or on the default device without a mesh."""
+    if mesh is None:
+        return jnp.asarray(rows)
+    if rows.shape[0] % mesh.size:
+        raise ValueError(
+            f"batch rows: {rows.shape[0]} is not valid; valid: a multiple of the {mesh.size} "
+            "devices of the mesh"
+        )
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    return jax.device_put(rows, sharding)
+
+
+def next_logits(params: Any, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
+    """Logits of the next byte for each row (jitted once per config)."""
+    return _jitted_next_logits(cfg)(params, tokens)
 
 
 def generate_tokens(
@@ -164,24 +202,22 @@ def generate_tokens(
     max_new_tokens: list[int],
     temperatures: list[float],
     seed: int = 0,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> list[list[int]]:
     """New bytes for each prompt; a batch of prompts shares one jitted forward per new byte.
 
     Temperature 0 is greedy. Context is the last ``seq_len`` bytes, left-padded with spaces.
+    With a ``mesh`` the rows are split over its devices (:func:`place_batch`); ``params`` should
+    then be on the same mesh (replicated: :func:`replicated`).
     """
     steps = max(max_new_tokens) if max_new_tokens else 0
-    temps = jnp.asarray(temperatures, jnp.float32)
-    windows = np.full((len(prompts), cfg.seq_len), ord(" "), np.int32)
-    for row, prompt in enumerate(prompts):
-        ids = encode(prompt)[-cfg.seq_len :]
-        windows[row, cfg.seq_len - len(ids) :] = ids
-    tokens = jnp.asarray(windows)
+    temps = place_batch(np.asarray(temperatures, np.float32), mesh)
+    tokens = place_batch(prompt_windows(cfg, prompts), mesh)
     key = jax.random.PRNGKey(seed)
     outputs: list[list[int]] = [[] for _ in prompts]
-    forward = _jitted_next_logits(cfg)
     for _ in range(steps):
         key, sub = jax.random.split(key)
-        logits = forward(params, tokens)
+        logits = next_logits(params, cfg, tokens)
         nxt = _pick(logits, temps, sub)
         tokens = jnp.concatenate([tokens[:, 1:], nxt[:, None]], axis=1)
         for row, tok in enumerate(np.asarray(nxt)):

@@ -344,3 +344,19 @@ def free_slice_count(shape: SliceShape) -> int:
     from ray.util.tpu import get_num_ready_tpu_slices
 
     return int(get_num_ready_tpu_slices(shape.topology, shape.ray_accelerator_type))
+
+
+def ray_splits_slice(shape: SliceShape) -> bool:
+    """Whether Ray's own slice reservation (``SlicePlacementGroup``, which ``JaxTrainer`` uses
+    without a ``chips_per_vm``) would NOT keep the hosts of one slice of ``shape`` together.
+
+    Ray takes a v5e/v6e ``2x4`` for one 8-chip host, so on 4-chip machines (2 hosts) it reserves
+    no slice name and spreads the workers over any hosts with free TPU (seen with Ray 2.60: one
+    worker of a 2x4 run on a serving host). Every other shape it reserves whole by slice name.
+    """
+    from ray.util.tpu import get_chips_per_host, get_num_chips_from_topology
+
+    if not shape.multi_host:
+        return False
+    ray_chips_per_host = get_chips_per_host(shape.topology, shape.accelerator_version)
+    return get_num_chips_from_topology(shape.topology) <= ray_chips_per_host

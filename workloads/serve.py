@@ -6,8 +6,13 @@ Glossary (Ray Serve's words):
   (``import_path: workloads.serve:app``).
 - **deployment / replica**: :class:`TextGenerator`; each replica is a Ray actor that requests the
   serving slice's TPU (``ray_actor_options={"resources": {"TPU": chips per host}}``), so it lands
-  on a TPU host of the single-host serving slice, loads the latest Orbax checkpoint there and
-  keeps the parameters on that host's devices.
+  on a TPU host of the single-host serving slice, loads the latest Orbax checkpoint there
+  (``gs://`` on GKE) and keeps the parameters replicated on every chip of that host.
+- **mesh**: a 1-D mesh (axis ``data``) over the replica's local devices; a batch's rows are
+  split over it, so every chip of the host computes (:meth:`TextGenerator.describe` shows it).
+- **autoscaling**: the replica count is not fixed here; a RayService's ``serveConfigV2`` sets
+  the deployment's ``autoscaling_config`` (min/max replicas from the stack), and
+  :func:`build_app` takes one for local use.
 - **dynamic batching**: ``@serve.batch`` gathers concurrent requests into one forward pass.
 
 Request: ``POST`` JSON ``{"prompt": str, "max_new_tokens": int, "temperature": float}``.
@@ -50,8 +55,9 @@ DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_TEMPERATURE = 0.8
 BATCH_WAIT_S = 0.05
 BATCH_BUCKETS = (1, 2, 4, 8)
-"""Batch sizes a replica runs: ``generate`` compiles once per batch shape, so a batch is padded
-up to the next bucket and every bucket is compiled when the replica starts, never on a request."""
+"""Batch sizes a replica runs on one device: ``generate`` compiles once per batch shape, so a batch
+is padded up to the next bucket and every bucket is compiled when the replica starts, never on a
+request. On ``n`` devices the buckets are the multiples of ``n`` (:func:`batch_buckets`)."""
 MAX_BATCH_SIZE = BATCH_BUCKETS[-1]
 
 DEFAULT_CHECKPOINT_DIR = "/tmp/raytpu/checkpoints"
@@ -189,37 +195,52 @@ def render_replies(
 PAD_REQUEST = GenerateRequest(prompt=" ", max_new_tokens=1, temperature=0.0)
 
 
-def pad_to_bucket(requests: list[GenerateRequest]) -> list[GenerateRequest]:
-    """``requests`` followed by one-token filler rows, up to the next size in BATCH_BUCKETS."""
+def batch_buckets(devices: int) -> tuple[int, ...]:
+    """Padded batch sizes on ``devices`` devices: each a multiple of ``devices`` (every chip gets
+    rows), covering 1..MAX_BATCH_SIZE requests."""
+    if devices < 1:
+        raise ValueError(f"devices: {devices!r} is not valid; valid: an integer >= 1")
+    sizes = {-(-b // devices) * devices for b in BATCH_BUCKETS}
+    return tuple(sorted(sizes))
+
+
+def pad_to_bucket(
+    requests: list[GenerateRequest], buckets: tuple[int, ...] = BATCH_BUCKETS
+) -> list[GenerateRequest]:
+    """``requests`` followed by one-token filler rows, up to the next size in ``buckets``."""
     if not 1 <= len(requests) <= MAX_BATCH_SIZE:
         raise ValueError(f"batch size: {len(requests)} is not valid; valid: 1..{MAX_BATCH_SIZE}")
-    size = next(b for b in BATCH_BUCKETS if b >= len(requests))
+    size = next(b for b in buckets if b >= len(requests))
     return [*requests, *[PAD_REQUEST] * (size - len(requests))]
 
 
 @serve.deployment(max_ongoing_requests=32, health_check_timeout_s=30)
 class TextGenerator:
-    """One replica: the latest checkpoint on this host's devices, batched generation."""
+    """One replica: the latest checkpoint replicated on every chip of its host, batched generation
+    with each batch's rows split over those chips."""
 
     def __init__(self, checkpoint_dir: str, batch_wait_s: float = BATCH_WAIT_S) -> None:
-        import jax  # noqa: F401  (imported in the replica, never in the driver)
-
-        self.generate_batch.set_batch_wait_timeout_s(batch_wait_s)
-
+        # jax is imported in the replica, never in the driver.
+        from workloads import model
         from workloads.checkpoint import restore_params
 
-        self._params, self._cfg, self._step = restore_params(checkpoint_dir)
+        self.generate_batch.set_batch_wait_timeout_s(batch_wait_s)
+        self._mesh = model.local_mesh()
+        self._buckets = batch_buckets(self._mesh.size)
+        self._params, self._cfg, self._step = restore_params(
+            checkpoint_dir, sharding=model.replicated(self._mesh)
+        )
         self._checkpoint_dir = checkpoint_dir
         self._calls = 0
         # Compile the forward pass for every batch bucket now, not on a request.
-        for size in BATCH_BUCKETS:
+        for size in self._buckets:
             self._run([PAD_REQUEST] * size)
 
     def _run(self, requests: list[GenerateRequest]) -> list[str]:
         from workloads.model import generate
 
         self._calls += 1
-        batch = pad_to_bucket(requests)
+        batch = pad_to_bucket(requests, self._buckets)
         completions = generate(
             self._params,
             self._cfg,
@@ -227,8 +248,32 @@ class TextGenerator:
             [r.max_new_tokens for r in batch],
             [r.temperature for r in batch],
             seed=self._calls,
+            mesh=self._mesh,
         )
         return completions[: len(requests)]
+
+    def describe(self) -> dict[str, Any]:
+        """Where this replica computes: its local devices, the devices every parameter is on,
+        and the sharding of one batch and of its logits, read off the arrays themselves."""
+        import jax
+
+        from workloads import model
+
+        rows = self._buckets[0]
+        tokens = model.place_batch(model.prompt_windows(self._cfg, [" "] * rows), self._mesh)
+        logits = model.next_logits(self._params, self._cfg, tokens)
+        return {
+            "local_devices": [str(d) for d in jax.local_devices()],
+            "param_devices": sorted(
+                {len(leaf.sharding.device_set) for leaf in jax.tree.leaves(self._params)}
+            ),
+            "batch_rows": rows,
+            "batch_devices": len(tokens.sharding.device_set),
+            "batch_axes": [str(axis) for axis in tokens.sharding.spec],
+            "rows_per_device": sorted({s.data.shape[0] for s in tokens.addressable_shards}),
+            "logits_devices": len(logits.sharding.device_set),
+            "buckets": list(self._buckets),
+        }
 
     @serve.batch(max_batch_size=MAX_BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_S)
     async def generate_batch(self, requests: list[GenerateRequest]) -> list[Reply]:
@@ -284,15 +329,23 @@ def build_app(
     shape: SliceShape | None = None,
     *,
     tpu_per_replica: int | None = None,
-    num_replicas: int = 1,
+    num_replicas: int | None = None,
+    autoscaling_config: dict[str, Any] | None = None,
     batch_wait_s: float = BATCH_WAIT_S,
 ) -> Any:
     """The Serve application for ``checkpoint_dir``; replicas request the shape's chips per host.
 
     Multi-host serving slices are not supported: a replica is one process on one host.
-    ``batch_wait_s``: how long a batch waits for more requests (``@serve.batch``'s
-    ``batch_wait_timeout_s``) unless it fills up first.
+    ``num_replicas`` or ``autoscaling_config`` (Serve's), not both; neither: one replica, or
+    what a Serve config (a RayService's ``serveConfigV2``) sets for the ``TextGenerator``
+    deployment. ``batch_wait_s``: how long a batch waits for more requests
+    (``@serve.batch``'s ``batch_wait_timeout_s``) unless it fills up first.
     """
+    if num_replicas is not None and autoscaling_config is not None:
+        raise ValueError(
+            "num_replicas and autoscaling_config: both given; valid: one of them "
+            "(autoscaling_config's min_replicas/max_replicas bound the replica count)"
+        )
     if shape is not None and shape.multi_host:
         raise ValueError(
             f"serve slice: {shape.name} is not valid; valid: a single-host shape "
@@ -307,9 +360,12 @@ def build_app(
             LABEL_POD_TYPE: shape.pod_type,
             LABEL_TOPOLOGY: shape.topology,
         }
-    return TextGenerator.options(num_replicas=num_replicas, ray_actor_options=actor_options).bind(
-        checkpoint_dir, batch_wait_s
-    )
+    options: dict[str, Any] = {"ray_actor_options": actor_options}
+    if num_replicas is not None:
+        options["num_replicas"] = num_replicas
+    if autoscaling_config is not None:
+        options["autoscaling_config"] = autoscaling_config
+    return TextGenerator.options(**options).bind(checkpoint_dir, batch_wait_s)
 
 
 def _app_from_env() -> Any:

@@ -8,9 +8,13 @@ Glossary (Ray's words):
 - **mesh**: a 1-D ``jax.sharding.Mesh`` over all those devices, axis ``data``. Each worker builds
   its share of the global batch and :func:`jax.make_array_from_process_local_data` assembles the
   global array; parameters are replicated; XLA all-reduces the gradients across hosts.
-- **checkpoint**: an Orbax ``CheckpointManager`` directory (``gs://...`` on GKE, a local path in
-  the simulation) written every ``checkpoint_every`` steps by all workers together; a new run
-  resumes from the latest step in it (:mod:`workloads.checkpoint`).
+- **checkpoint**: an Orbax ``CheckpointManager`` directory written every ``checkpoint_every``
+  steps by all workers together, each its own shards; a new run resumes from the latest step in
+  it (:mod:`workloads.checkpoint`). It is ``gs://BUCKET/RUN`` whenever more than one host writes
+  (the GCS emulator in the simulation): a TPU host does not see another host's disk
+  (:mod:`workloads.storage`). Ray Train's own storage goes beside it, on the same bucket.
+- **placement**: where each worker ran (its Ray node, slice name and ``TPU_WORKER_ID``), as the
+  worker itself reports it at start; :attr:`TrainResult.placements`.
 
 The driver never imports jax: the worker function does. ``python -m raytpu_cli train --help``.
 """
@@ -30,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from raytpu.catalog import SliceShape
-from workloads import telemetry
+from workloads import storage, telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +100,29 @@ class TrainResult:
     params_digest: str
     seconds: float
     placement_wait_s: float | None = None
-    slice_names: tuple[str, ...] = ()
+    """How long the capacity check waited for free slices (see :func:`run_training`)."""
+    placements: tuple[WorkerPlacement, ...] = ()
+    """Where each worker ran, in rank order, as the workers reported it."""
+
+    @property
+    def slice_names(self) -> tuple[str, ...]:
+        """The slices the workers ran on (``TPU_NAME``), in rank order of first appearance."""
+        return tuple(dict.fromkeys(p.slice_name for p in self.placements))
+
+
+@dataclass(frozen=True)
+class WorkerPlacement:
+    """One Ray Train worker's own view of where it runs."""
+
+    rank: int
+    node_id: str
+    """The Ray node (one per TPU host) of the worker process."""
+    slice_name: str
+    """``TPU_NAME`` of that host."""
+    tpu_worker_id: int
+    """``TPU_WORKER_ID``: the host's index inside its slice."""
+    process_index: int
+    """``jax.process_index()`` of the worker."""
 
 
 @dataclass(frozen=True)
@@ -109,11 +135,13 @@ class TrainProgress:
     tokens_per_s: float
 
 
-class _ProgressBoard:
-    """A Ray actor (0 CPUs) holding the newest :class:`TrainProgress` that worker 0 posts."""
+class _RunBoard:
+    """A Ray actor (0 CPUs) of one run: every worker posts its :class:`WorkerPlacement` at start,
+    worker 0 the newest :class:`TrainProgress` (when the driver shows progress)."""
 
     def __init__(self) -> None:
         self._latest: TrainProgress | None = None
+        self._placements: dict[int, WorkerPlacement] = {}
 
     def post(self, progress: TrainProgress) -> None:
         self._latest = progress
@@ -121,21 +149,30 @@ class _ProgressBoard:
     def latest(self) -> TrainProgress | None:
         return self._latest
 
+    def placed(self, placement: WorkerPlacement) -> None:
+        self._placements[placement.rank] = placement
+
+    def placements(self) -> list[WorkerPlacement]:
+        return [self._placements[rank] for rank in sorted(self._placements)]
+
 
 PROGRESS_POLL_S = 0.5
 
 
 @contextmanager
-def _watch_progress(on_progress: Callable[[TrainProgress], None] | None) -> Iterator[Any]:
-    """Yield a progress board for the workers (None without ``on_progress``) and, while the
-    block runs, call ``on_progress`` from a driver thread whenever a new step arrives."""
-    if on_progress is None:
-        yield None
-        return
+def _run_board(on_progress: Callable[[TrainProgress], None] | None) -> Iterator[Any]:
+    """Yield the run's board for the workers and, while the block runs, call ``on_progress``
+    (if given) from a driver thread whenever a new step arrives."""
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 
-    board = ray.remote(num_cpus=0)(_ProgressBoard).remote()
+    board = ray.remote(num_cpus=0)(_RunBoard).remote()
+    if on_progress is None:
+        try:
+            yield board
+        finally:
+            ray.kill(board)
+        return
     stop = threading.Event()
 
     def poll() -> None:
@@ -183,7 +220,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     replicated = NamedSharding(mesh, P())
     local_batch = run.global_batch // jax.process_count()
     corpus = m.encode(load_corpus())
-    board = config.get("progress_board") if jax.process_index() == 0 else None
+    board = config["board"]
+    board.placed.remote(_my_placement())
+    show_progress = config.get("show_progress", False) and jax.process_index() == 0
     tokens_per_step = run.global_batch * cfg.seq_len
 
     init = jax.jit(partial(m.init_state, cfg), out_shardings=replicated)
@@ -216,7 +255,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             loss_value = float(loss.addressable_data(0))
             losses.append(loss_value)
             done = step + 1
-            if board is not None:
+            if show_progress:
                 seconds = max(time.monotonic() - step_began, 1e-9)
                 board.post.remote(
                     TrainProgress(done, run.steps, loss_value, tokens_per_step / seconds)
@@ -255,6 +294,20 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         manager.close()
 
 
+def _my_placement() -> WorkerPlacement:
+    import jax
+    import ray
+    import ray.train
+
+    return WorkerPlacement(
+        rank=ray.train.get_context().get_world_rank(),
+        node_id=ray.get_runtime_context().get_node_id(),
+        slice_name=os.environ.get("TPU_NAME", ""),
+        tpu_worker_id=int(os.environ.get("TPU_WORKER_ID", "-1")),
+        process_index=jax.process_index(),
+    )
+
+
 def _report(metrics: dict[str, Any], *, final: bool) -> None:
     """``ray.train.report`` every step; the final report carries a small Ray Train checkpoint
     (rank 0 only) because Ray Train v2 returns to the driver only metrics attached to one."""
@@ -279,6 +332,7 @@ def _quiet_worker_logs() -> None:
 
     absl.logging.set_verbosity(absl.logging.WARNING)
     logging.getLogger("absl").setLevel(logging.WARNING)
+    storage.quiet_clients()
 
 
 # ------------------------------------------------------------------------------- driver side
@@ -323,39 +377,65 @@ def run_training(
 ) -> TrainResult:
     """Train on ``num_slices`` slices of ``shape`` in the connected Ray cluster.
 
-    First reserves the slices with :func:`workloads.reservation.reserve_slices` (sized exactly as
-    the workers will be) and releases them, so that a request no slice can hold fails within
-    ``reserve_timeout_s`` with the reason. Then JaxTrainer runs with no retries and a worker
-    group start bound of ``start_timeout_s``. ``on_progress`` is called (from a driver thread)
-    with each new :class:`TrainProgress`. Raises :class:`TrainingError`.
+    First a capacity check: the slices are reserved with
+    :func:`workloads.reservation.reserve_slices` (sized exactly as the workers will be) and
+    released, so that a request no slice can hold fails within ``reserve_timeout_s`` with the
+    reason. Then JaxTrainer reserves the slices itself (its SlicePlacementGroup) and runs with no
+    retries and a worker group start bound of ``start_timeout_s``; the slices and hosts the
+    result reports are the ones its workers ran on (:attr:`TrainResult.placements`), not the
+    check's. For a shape whose hosts Ray's reservation would not keep together
+    (:func:`workloads.reservation.ray_splits_slice`: v5e/v6e 2x4 on 4-chip hosts) the workers
+    also ask for the checked slice's own resource, so they run on its hosts and nowhere else. ``storage_path`` (Ray Train's) defaults to a folder beside the checkpoint directory
+    (:func:`workloads.storage.ray_train_storage`). ``on_progress`` is called (from a driver
+    thread) with each new :class:`TrainProgress`. Raises :class:`TrainingError`, and
+    ``ValueError`` for a bad config before anything is reserved.
     """
     import ray.train
     from ray.train.v2.jax import JaxTrainer
 
-    from workloads.reservation import SliceReservationError, reserve_slices
+    from workloads.reservation import SliceReservationError, ray_splits_slice, reserve_slices
 
     run.validate(shape, num_slices)
     tpu = int(tpu_per_worker or shape.chips_per_host)
     num_workers = shape.workers(tpu) * num_slices
+    storage.require_shared("train.checkpoint_dir", run.checkpoint_dir, num_workers)
+    pin = ray_splits_slice(shape)
+    if pin and num_slices > 1:
+        raise ValueError(
+            f"num_slices: {num_slices} is not valid for {shape.name}: Ray's JaxTrainer takes "
+            f"{shape.generation.name} {shape.topology} for one host and would not keep each "
+            "slice's workers on its own hosts; valid: 1 (its workers are pinned to the slice "
+            "the capacity check found), or a shape Ray reserves by slice name "
+            f"(e.g. {shape.generation.name} 4x4, or {shape.topology} on an 8-chip machine type)"
+        )
     try:
         with reserve_slices(
             shape, num_slices, timeout_s=reserve_timeout_s, tpu_per_bundle=tpu
         ) as reservation:
             placement_wait = reservation.wait_s
-            slice_names = reservation.slice_names
+            checked_slices = reservation.slice_names
     except SliceReservationError as error:
         raise TrainingError(
             f"training on {num_slices} x {shape.name} with {num_workers} workers of "
             f"TPU {tpu} cannot start: {error}"
         ) from error
 
-    storage = storage_path or str(Path(run.checkpoint_dir).absolute().parent / "ray_results")
-    with _watch_progress(on_progress) as board:
+    resources: dict[str, float] = {"TPU": tpu}
+    if pin:
+        # Every host of a slice carries the resource named after the slice (TPU_NAME): asking
+        # for it keeps all workers on the slice the check found (free a moment ago).
+        resources[checked_slices[0]] = 1
+    if storage_path is None:
+        storage_path, filesystem = storage.ray_train_storage(run.checkpoint_dir)
+    else:
+        filesystem = None
+    with _run_board(on_progress) as board:
         trainer = JaxTrainer(
             train_loop_per_worker=train_loop_per_worker,
             train_loop_config={
                 "train": asdict(run),
-                "progress_board": board,
+                "board": board,
+                "show_progress": on_progress is not None,
                 "telemetry": telemetry.worker_config(shape, num_slices),
             },
             scaling_config=ray.train.ScalingConfig(
@@ -363,11 +443,12 @@ def run_training(
                 num_workers=num_workers,
                 topology=shape.topology,
                 accelerator_type=shape.ray_accelerator_type,
-                resources_per_worker={"TPU": tpu},
+                resources_per_worker=resources,
             ),
             run_config=ray.train.RunConfig(
                 name=name,
-                storage_path=storage,
+                storage_path=storage_path,
+                storage_filesystem=filesystem,
                 failure_config=ray.train.FailureConfig(max_failures=0, controller_failure_limit=0),
             ),
         )
@@ -387,6 +468,7 @@ def run_training(
                 f"training on {num_slices} x {shape.name} ({num_workers} workers of TPU {tpu}) "
                 f"failed after {time.monotonic() - began:.0f} s: {error}"
             ) from error
+        placements = tuple(ray.get(board.placements.remote(), timeout=30))
     metrics = result.metrics or {}
     if "params_digest" not in metrics:
         raise TrainingError(f"training on {shape.name} ended without a final report: {metrics}")
@@ -405,5 +487,5 @@ def run_training(
         params_digest=str(metrics["params_digest"]),
         seconds=float(metrics["seconds"]),
         placement_wait_s=placement_wait,
-        slice_names=slice_names,
+        placements=placements,
     )
