@@ -39,7 +39,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ADDRESS = f"http://127.0.0.1:{stack_outputs.DEFAULT_DASHBOARD_PORT}"
 WORKLOADS = ("train", "serve")
 SERVE_IMPORT_PATH = entrypoints.SERVE_IMPORT_PATH
-WORKING_DIR_PACKAGES = ("workloads", "raytpu", "raytpu_cli")
+WORKING_DIR_PACKAGES = entrypoints.WORKER_PACKAGES
 """Packages shipped in the job's ``working_dir`` (the job's cwd, first on its ``sys.path``)."""
 WORKING_DIR_IGNORE = ("__pycache__", "*.pyc", "*.egg-info")
 HEAD_CHECK_TIMEOUT_S = 10.0
