@@ -67,15 +67,21 @@ def _needs(props: Mapping[str, Any], kind: str) -> list[tuple[str, str]]:
         apps = as_list(get(config, "applications")) if isinstance(config, Mapping) else []
         for i, app in enumerate(apps if isinstance(apps, list) else []):
             path = get(app, "import_path")
-            if isinstance(path, str) and imports_project(path.split(":")[0]):
-                if not _brings_code(get(app, "runtime_env")):
-                    found.append((f"spec.serveConfigV2.applications[{i}].import_path", path))
+            if (
+                isinstance(path, str)
+                and imports_project(path.split(":")[0])
+                and not _brings_code(get(app, "runtime_env"))
+            ):
+                found.append((f"spec.serveConfigV2.applications[{i}].import_path", path))
     elif kind == "RayJob":
         entrypoint = get(props, "spec.entrypoint")
         runtime_env = _yaml(get(props, "spec.runtimeEnvYAML"))
-        if isinstance(entrypoint, str) and imports_project(entrypoint):
-            if not _brings_code(runtime_env):
-                found.append(("spec.entrypoint", entrypoint))
+        if (
+            isinstance(entrypoint, str)
+            and imports_project(entrypoint)
+            and not _brings_code(runtime_env)
+        ):
+            found.append(("spec.entrypoint", entrypoint))
     return found
 
 
