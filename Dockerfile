@@ -1,9 +1,9 @@
 # The Ray image for TPU hosts (and the head): pinned Ray + this project + jax[tpu] (libtpu).
 # Every stack runs it by default: REGION-docker.pkg.dev/PROJECT/ray-tpu/ray:<RAY_VERSION>-<PYTHON_TAG>-<imageTag>
-# (`python -m infra.config.image STACK --tag TAG` prints the exact reference). By hand:
+# (`python -m infra.worker_image STACK --tag TAG` prints the exact reference). By hand:
 #
 #   TAG=$(git rev-parse HEAD | cut -c1-12)
-#   IMAGE=$(.venv/bin/python -m infra.config.image dev --tag "$TAG" | sed -n 's/^image=//p')
+#   IMAGE=$(.venv/bin/python -m infra.worker_image dev --tag "$TAG" | sed -n 's/^image=//p')
 #   docker build --build-arg RAY_VERSION=2.60.0 --build-arg PYTHON_TAG=py311 -t "$IMAGE" .
 #   docker push "$IMAGE" && pulumi config set ray-tpu:imageTag "$TAG" && pulumi up
 #

@@ -205,7 +205,7 @@ def test_deploy_builds_and_pushes_the_image_it_deploys(
     steps = _load("deploy")["jobs"][stack]["steps"]
     names = [s.get("id") or s.get("name", "") for s in steps]
     image = names.index("image")
-    assert steps[image]["run"].startswith(f".venv/bin/python -m infra.config.image {stack} ")
+    assert steps[image]["run"].startswith(f".venv/bin/python -m infra.worker_image {stack} ")
     assert '--tag "${GITHUB_SHA::12}"' in steps[image]["run"]
     pulumi = [i for i, s in enumerate(steps) if _action(s) == PULUMI_ACTION]
     build = next(i for i, s in enumerate(steps) if "docker push" in s.get("run", ""))

@@ -186,7 +186,7 @@ def test_default_image_from_config(changes: dict[str, Any], tail: str) -> None:
 
 def test_image_reference_for_the_deploy_workflow() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "infra.config.image", "dev", "--tag", "0123456789ab"],
+        [sys.executable, "-m", "infra.worker_image", "dev", "--tag", "0123456789ab"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -7,17 +7,14 @@ then the build (``ray-tpu:imageTag``; the deploy workflow sets the git commit). 
 ``imageTag`` the tag is the first 12 characters of the checkout's commit, which is what the
 deploy workflow builds and pushes for that commit.
 
-``python -m infra.config.image STACK [--tag TAG]`` prints, as ``key=value`` lines for
-``$GITHUB_OUTPUT``, the image a stack deploys and how to build it (the deploy workflow uses it).
+``python -m infra.worker_image STACK [--tag TAG]`` prints the reference for the deploy workflow.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -113,30 +110,3 @@ def parse_image(problems: Problems, raw: Any, *, needed: bool) -> ImageConfig | 
     if None in (repository, tag, python):
         return None
     return ImageConfig(repository=repository, tag=tag, python=python)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from infra.config.schema import ConfigError
-    from infra.config.stack import load_stack
-
-    parser = argparse.ArgumentParser(prog="python -m infra.config.image", description=__doc__)
-    parser.add_argument("stack")
-    parser.add_argument("--tag", help="ray-tpu:imageTag to use (default: the stack's)")
-    args = parser.parse_args(argv)
-    try:
-        config = load_stack(args.stack, image_tag=args.tag)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    assert config.image is not None
-    print(f"image={config.ray_image}")
-    print(f"registry={config.registry}")
-    print(f"host={config.region}-docker.pkg.dev")
-    print(f"tag={config.image.tag}")
-    print(f"rayVersion={config.ray_version}")
-    print(f"pythonTag={config.image.python_tag}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
