@@ -29,7 +29,14 @@ from infra.config import (
 )
 from infra.ray_access import RAY_OBJECT_LABEL
 from raytpu.catalog import TPU_RESOURCE, TPU_TAINT_KEY, SliceShape
-from raytpu.entrypoints import serve_env
+from raytpu.entrypoints import (
+    CHECKPOINT_ENV,
+    SERVE_DEPLOYMENT,
+    SERVE_IMPORT_PATH,
+    checkpoint_uri,
+    serve_env,
+    slice_env,
+)
 from raytpu.ray_names import HEAD_PORTS
 
 __all__ = [
@@ -43,6 +50,7 @@ __all__ = [
     "ray_service_object",
     "ray_service_spec",
     "serve_config_v2",
+    "serve_deployment",
     "serve_service_name",
     "tpu_worker_group",
 ]
@@ -161,10 +169,14 @@ def tpu_worker_group(
 
 
 def _cluster_spec(
-    stack: StackConfig, obj: RayClusterConfig | RayServiceConfig, kind: str
+    stack: StackConfig, obj: RayClusterConfig | RayServiceConfig, kind: str, stack_name: str
 ) -> dict[str, Any]:
     image = stack.image_for(obj)
     shape = stack.slice(obj.slice).shape
+    env = [
+        {"name": k, "value": v}
+        for k, v in slice_env(stack_name, obj.name, obj.slice, shape).items()
+    ]
     spec = {
         "rayVersion": stack.ray_version,
         "authOptions": ray_auth.auth_options(stack.security.ray_auth, kind, obj.name),
@@ -184,40 +196,82 @@ def _cluster_spec(
     for group in (spec["headGroupSpec"], *spec["workerGroupSpecs"]):
         metadata = group["template"].setdefault("metadata", {})
         metadata.setdefault("labels", {})[RAY_OBJECT_LABEL] = obj.name
+        pod = group["template"]["spec"]
+        if stack.storage is not None:
+            # Workload Identity: the pods act as this ServiceAccount towards GCS (the bucket).
+            pod["serviceAccountName"] = stack.storage.service_account
+        for container in pod["containers"]:
+            container["env"] = [*container.get("env", []), *env]
     return spec
 
 
 def ray_cluster_spec(
-    stack: StackConfig, cluster: RayClusterConfig, kind: str = "RayCluster"
+    stack: StackConfig, cluster: RayClusterConfig, kind: str = "RayCluster", stack_name: str = ""
 ) -> dict[str, Any]:
     """``spec`` of the Ray cluster of ``cluster`` (a RayCluster's, or a RayJob's with
-    ``kind="RayJob"``): head on the CPU pool, one TPU worker group, token authentication."""
-    return _cluster_spec(stack, cluster, kind)
+    ``kind="RayJob"``): head on the CPU pool, one TPU worker group, token authentication, the
+    stack's ServiceAccount and the slice's environment (``RAYTPU_STACK``, ``RAYTPU_SLICE``...)
+    on every pod."""
+    return _cluster_spec(stack, cluster, kind, stack_name)
+
+
+def serve_deployment(stack: StackConfig, service: RayServiceConfig) -> dict[str, Any]:
+    """The Serve config of ``workloads.serve:app``'s deployment: one replica per serving host,
+    between the RayService's ``minReplicas`` and ``maxReplicas`` slices.
+
+    When they differ, ``num_replicas: auto`` with an ``autoscaling_config`` (Serve refuses an
+    integer ``num_replicas`` beside an ``autoscaling_config``; ``auto`` lets the config's
+    bounds replace the code's ``num_replicas``); Ray's in-tree autoscaler then adds or removes
+    worker group replicas (slices) for the replicas Serve asks for.
+    """
+    hosts = stack.slice(service.slice).shape.hosts
+    deployment: dict[str, Any] = {"name": SERVE_DEPLOYMENT}
+    if service.min_replicas == service.max_replicas:
+        deployment["num_replicas"] = service.replicas * hosts
+        return deployment
+    deployment["num_replicas"] = "auto"
+    deployment["autoscaling_config"] = {
+        "min_replicas": service.min_replicas * hosts,
+        "initial_replicas": service.replicas * hosts,
+        "max_replicas": service.max_replicas * hosts,
+        "target_ongoing_requests": service.target_ongoing_requests,
+    }
+    return deployment
 
 
 def serve_config_v2(stack: StackConfig, service: RayServiceConfig) -> str:
     """The Serve config of ``service`` as YAML text (what ``serveConfigV2`` holds).
 
     The application's ``runtime_env`` carries the serving slice's chips per host
-    (``RAYTPU_SERVE_TPU_PER_REPLICA``) so each replica asks for a whole host; the stack's own
-    ``runtimeEnv.env_vars`` come on top.
+    (``RAYTPU_SERVE_TPU_PER_REPLICA``) so each replica asks for a whole host, and where the
+    checkpoints are (``RAYTPU_CHECKPOINT_DIR`` = ``gs://<bucket>/<checkpointRun>``); the
+    stack's own ``runtimeEnv.env_vars`` come on top. For ``workloads.serve:app`` the
+    ``TextGenerator`` deployment's replicas follow the RayService's replica bounds
+    (:func:`serve_deployment`).
     """
     runtime_env = plain(service.runtime_env) if service.runtime_env else {}
-    env_vars = {**serve_env(stack.slice(service.slice).shape), **runtime_env.get("env_vars", {})}
+    env_vars = serve_env(stack.slice(service.slice).shape)
+    if stack.storage is not None:
+        env_vars[CHECKPOINT_ENV] = checkpoint_uri(stack.storage.bucket, service.checkpoint_run)
+    env_vars.update(runtime_env.get("env_vars", {}))
     app: dict[str, Any] = {
         "name": service.application_name,
         "import_path": service.import_path,
         "route_prefix": service.route_prefix,
         "runtime_env": {**runtime_env, "env_vars": env_vars},
     }
+    if service.import_path == SERVE_IMPORT_PATH:
+        app["deployments"] = [serve_deployment(stack, service)]
     return yaml.safe_dump({"applications": [app]}, sort_keys=False)
 
 
-def ray_service_spec(stack: StackConfig, service: RayServiceConfig) -> dict[str, Any]:
+def ray_service_spec(
+    stack: StackConfig, service: RayServiceConfig, stack_name: str = ""
+) -> dict[str, Any]:
     """``spec`` of the RayService ``service``: its Serve config and its RayCluster."""
     return {
         "serveConfigV2": serve_config_v2(stack, service),
-        "rayClusterConfig": _cluster_spec(stack, service, "RayService"),
+        "rayClusterConfig": _cluster_spec(stack, service, "RayService", stack_name),
     }
 
 
@@ -234,23 +288,27 @@ def metadata(stack: StackConfig, obj: RayClusterConfig | RayServiceConfig) -> di
     return {"name": obj.name, "namespace": obj.namespace, "labels": _labels(stack, obj)}
 
 
-def ray_cluster_object(stack: StackConfig, cluster: RayClusterConfig) -> dict[str, Any]:
+def ray_cluster_object(
+    stack: StackConfig, cluster: RayClusterConfig, stack_name: str = ""
+) -> dict[str, Any]:
     """The whole RayCluster manifest (apiVersion, kind, metadata, spec)."""
     return {
         "apiVersion": API_VERSION,
         "kind": "RayCluster",
         "metadata": metadata(stack, cluster),
-        "spec": ray_cluster_spec(stack, cluster),
+        "spec": ray_cluster_spec(stack, cluster, stack_name=stack_name),
     }
 
 
-def ray_service_object(stack: StackConfig, service: RayServiceConfig) -> dict[str, Any]:
+def ray_service_object(
+    stack: StackConfig, service: RayServiceConfig, stack_name: str = ""
+) -> dict[str, Any]:
     """The whole RayService manifest (apiVersion, kind, metadata, spec)."""
     return {
         "apiVersion": API_VERSION,
         "kind": "RayService",
         "metadata": metadata(stack, service),
-        "spec": ray_service_spec(stack, service),
+        "spec": ray_service_spec(stack, service, stack_name),
     }
 
 

@@ -34,6 +34,8 @@ PROJECT = "ray-tpu"
 TIMEOUT_S = 120.0
 """Longest a mock run may take (a 100-slice stack takes seconds): a hang becomes an error."""
 MOCK_ENDPOINT = "203.0.113.10"
+MOCK_PROJECT_NUMBER = "123456789012"
+"""What ``gcp.organizations.get_project`` answers under mocks (the real one: the project's number)."""
 MOCK_CA = base64.b64encode(
     b"-----BEGIN CERTIFICATE-----\nmock\n-----END CERTIFICATE-----\n"
 ).decode()
@@ -107,8 +109,11 @@ def _run(body: Callable[[], None], *, stack: str, config: Mapping[str, str]) -> 
         def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
             return f"{args.name}-id", _mock_state(args.typ, args.name, args.inputs)
 
-        def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list | None]:
-            return {}, None
+        def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list]:
+            if args.token == "gcp:organizations/getProject:getProject":
+                project = args.args.get("projectId") or "mock-project"
+                return {"projectId": project, "number": MOCK_PROJECT_NUMBER}, []
+            return {}, []
 
     class RecordingMonitor(mocks.MockMonitor):
         def RegisterResource(self, request: Any) -> resource_pb2.RegisterResourceResponse:

@@ -4,8 +4,11 @@
 :mod:`infra.offline` calls it under Pulumi mocks.
 
 Stack outputs (the contract with ``raytpu submit``): ``clusterName``, ``clusterEndpoint``,
-``kubeconfig`` (secret), ``slices``, and one output per KubeRay kind (``rayClusters``,
-``rayServices``, ``rayJobs``: :data:`infra.ray_kinds.RAY_KINDS`).
+``kubeconfig`` (secret), ``slices``, one output per KubeRay kind (``rayClusters``,
+``rayServices``, ``rayJobs``: :data:`infra.ray_kinds.RAY_KINDS`), ``checkpointBucket`` (the
+bucket training runs write to: ``gs://BUCKET/<run>``), ``rayServiceAccount`` (the Kubernetes
+ServiceAccount of every Ray pod), ``imageRepository`` and ``workerImage`` (where the worker image
+is pushed, and the image the Ray objects run).
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from typing import Any
 
 import pulumi
 
+from infra.checkpoint_storage import CheckpointStorage, CheckpointStorageArgs
 from infra.cloud_nat import CloudNat, CloudNatArgs
 from infra.config import StackConfig
 from infra.cpu_pool import CpuNodePool, CpuNodePoolArgs
 from infra.gke_cluster import GkeCluster, GkeClusterArgs
+from infra.image_registry import ImageRegistry, ImageRegistryArgs
 from infra.k8s_provider import KubernetesAccess, KubernetesAccessArgs
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.ray_kinds import RAY_KINDS
@@ -45,6 +50,16 @@ def slice_summary(config: StackConfig) -> dict[str, dict[str, Any]]:
 def declare(config: StackConfig) -> None:
     """Declare the whole stack for ``config`` (already validated) and export its outputs."""
     cluster_cfg = config.cluster
+    assert config.storage is not None and config.image is not None  # set by the parser
+    registry = ImageRegistry(
+        "image-registry",
+        ImageRegistryArgs(
+            project=config.project,
+            region=config.region,
+            repository=config.image.repository,
+            node_service_account=cluster_cfg.node_service_account,
+        ),
+    )
     gke = GkeCluster("gke", GkeClusterArgs(project=config.project, cluster=cluster_cfg))
     nat = None
     if cluster_cfg.cloud_nat:
@@ -95,9 +110,22 @@ def declare(config: StackConfig) -> None:
         ),
     )
     namespaces = access.namespaces
+    storage = CheckpointStorage(
+        "checkpoints",
+        CheckpointStorageArgs(
+            project=config.project,
+            storage=config.storage,
+            provider=access.provider,
+            namespaces=config.namespaces,
+            namespace_resources=namespaces,
+            cluster=gke.cluster,
+        ),
+    )
 
     def needs(namespace: str) -> list[pulumi.Resource]:
-        return [namespaces[namespace]] if namespace in namespaces else []
+        """A Ray object waits for its namespace and its pods' ServiceAccount (and its grant)."""
+        found: list[pulumi.Resource] = [namespaces[namespace]] if namespace in namespaces else []
+        return [*found, storage.service_accounts[namespace], storage.members[namespace]]
 
     ray_objects = {
         kind: [
@@ -132,5 +160,9 @@ def declare(config: StackConfig) -> None:
     pulumi.export("clusterEndpoint", gke.endpoint)
     pulumi.export("kubeconfig", access.kubeconfig)
     pulumi.export("slices", slice_summary(config))
+    pulumi.export("checkpointBucket", storage.bucket_name)
+    pulumi.export("rayServiceAccount", config.storage.service_account)
+    pulumi.export("imageRepository", registry.url)
+    pulumi.export("workerImage", config.ray_image)
     for kind, declared in ray_objects.items():
         pulumi.export(kind.config_key, {obj.name: obj.outputs for obj in declared})

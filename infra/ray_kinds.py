@@ -88,7 +88,7 @@ RAY_KINDS: tuple[RayKind, ...] = (
         config_key="rayClusters",
         resource_prefix="raycluster",
         objects=lambda stack: stack.ray_clusters,
-        build=lambda stack, obj, _stack_name: kuberay.ray_cluster_object(stack, obj),
+        build=kuberay.ray_cluster_object,
         outputs=_head_outputs,
     ),
     RayKind(
@@ -96,7 +96,7 @@ RAY_KINDS: tuple[RayKind, ...] = (
         config_key="rayServices",
         resource_prefix="rayservice",
         objects=lambda stack: stack.ray_services,
-        build=lambda stack, obj, _stack_name: kuberay.ray_service_object(stack, obj),
+        build=kuberay.ray_service_object,
         outputs=_service_outputs,
     ),
     RayKind(

@@ -66,7 +66,8 @@ class RayObject(pulumi.ComponentResource):
             self.ray_write_role = k8s.rbac.v1.Role(
                 f"{name}-ray-write", metadata=role["metadata"], rules=role["rules"], opts=child
             )
-            binding = ray_access.ray_write_binding(obj.name, obj.namespace, "default")
+            account = args.stack.storage.service_account if args.stack.storage else "default"
+            binding = ray_access.ray_write_binding(obj.name, obj.namespace, account)
             self.ray_write_binding = k8s.rbac.v1.RoleBinding(
                 f"{name}-ray-write",
                 metadata=binding["metadata"],

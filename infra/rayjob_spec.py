@@ -38,10 +38,16 @@ def entrypoint(stack: StackConfig, job: RayJobConfig) -> str:
 
 
 def runtime_env(stack_name: str, stack: StackConfig, job: RayJobConfig) -> dict[str, Any]:
-    """``job.runtime_env`` with the slice's environment variables added (the job's win)."""
+    """``job.runtime_env`` with the slice's environment variables and the run's checkpoint
+    directory (``gs://<bucket>/<job name>``) added (the job's own ``env_vars`` win)."""
     env = kuberay.plain(job.runtime_env)
     shape = stack.slice(job.slice).shape
     env_vars = entrypoints.slice_env(stack_name, job.name, job.slice, shape)
+    if stack.storage is not None:
+        # Training run <job name>: its checkpoints go to gs://BUCKET/<job name>.
+        env_vars[entrypoints.CHECKPOINT_ENV] = entrypoints.checkpoint_uri(
+            stack.storage.bucket, job.name
+        )
     env_vars.update(env.get("env_vars", {}))
     env["env_vars"] = env_vars
     return env
@@ -55,7 +61,9 @@ def ray_job_spec(stack: StackConfig, job: RayJobConfig, *, stack_name: str = "")
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": job.ttl_seconds_after_finished,
         "submissionMode": SUBMISSION_MODE,
-        "rayClusterSpec": kuberay.ray_cluster_spec(stack, job.cluster, "RayJob"),
+        "rayClusterSpec": kuberay.ray_cluster_spec(
+            stack, job.cluster, "RayJob", stack_name=stack_name
+        ),
     }
     if job.active_deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = job.active_deadline_seconds

@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from policies.model import CLUSTER, NODE_POOL, SERVICE, ResourceLike, is_ingress, ray_kind
-from policies.rules import Advisory, exposure, node_pool, ray_groups, ray_version, security, stack
+from policies.rules import (
+    Advisory,
+    exposure,
+    image,
+    node_pool,
+    ray_groups,
+    ray_version,
+    security,
+    stack,
+)
 from policies.values import get, plain
 from raytpu.catalog import WORKLOAD_POLICY_TYPE
 
@@ -176,6 +185,21 @@ POLICIES: tuple[PolicySpec, ...] = (
                 schema={"type": "string", "pattern": r"^\d+\.\d+\.\d+$"},
                 default=ray_version.DEFAULT_MINIMUM_VERSION,
             ),
+        ),
+    ),
+    PolicySpec(
+        name="image-has-the-code",
+        description=(
+            "A RayService or RayJob that starts this project's code (workloads.serve:app, "
+            "python -m raytpu_cli ...) runs the worker image built from Dockerfile, not the "
+            "stock rayproject/ray image, which lacks that code and jax[tpu]."
+        ),
+        kind="resource",
+        rule=_ray_rule(image.check_image_has_code),
+        applies_to=_is_ray,
+        remediation=(
+            "Build and push the Dockerfile image; leave ray-tpu:rayImage unset and set "
+            "ray-tpu:imageTag to its tag (or set rayImage to it)."
         ),
     ),
     PolicySpec(

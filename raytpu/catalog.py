@@ -108,6 +108,10 @@ class Generation:
     """Oldest GKE version whose TPU node pools run this generation (empty: any the add-on runs)."""
     flex_start: bool = True
     """Whether GKE offers flex-start provisioning for this generation (not for v4)."""
+    min_python: tuple[int, int] | None = None
+    """Oldest Python of a worker image whose jax[tpu] runs this generation (None: any)."""
+    runtime_note: str = ""
+    """Why (the source), for error messages."""
     cube_rule: bool = False
     """3D generations: beyond ``multi_host``, every ``AxBxC`` with A<=B<=C multiples of 4."""
     aliases: tuple[str, ...] = ()
@@ -222,6 +226,8 @@ _GENERATIONS: tuple[Generation, ...] = (
         hbm_gib=192,
         workload_policy=True,
         min_gke_version="1.34.0-gke.2201000",
+        min_python=(3, 12),
+        runtime_note="Ironwood needs jax[tpu] >= 0.8.2 on Python 3.12 (ray-project/ray#62402)",
         aliases=("v7x", "ironwood"),
     ),
 )

@@ -27,6 +27,19 @@ SERVE_TPU_DEFAULT = MULTI_HOST_CHIPS_PER_HOST
 """Chips per replica when :data:`SERVE_TPU_ENV` is unset: a 4-chip host, which every generation has."""
 CHECKPOINT_ENV = "RAYTPU_CHECKPOINT_DIR"
 """Where ``workloads.serve:app`` finds the training checkpoints (``gs://...`` on GKE)."""
+SERVE_DEPLOYMENT = "TextGenerator"
+"""The deployment of ``workloads.serve:app`` (its class name): what a Serve config overrides."""
+DEFAULT_RUN = "train"
+"""The training run a RayService serves by default: the checkpoints of ``gs://BUCKET/train``,
+where ``raytpu submit train`` on the RayCluster ``train`` writes."""
+WORKER_PACKAGES = ("workloads", "raytpu", "raytpu_cli")
+"""This project's packages that run on Ray: the worker image (``Dockerfile``) installs them, and
+a stock ``rayproject/ray`` image has none of them."""
+
+
+def checkpoint_uri(bucket: str, run: str) -> str:
+    """Where training run ``run`` keeps its checkpoints in the stack's bucket: ``gs://BUCKET/RUN``."""
+    return f"gs://{bucket}/{run}"
 
 
 def train_command(shape: SliceShape, num_slices: int, extra: Sequence[str] = ()) -> list[str]:

@@ -18,6 +18,10 @@ _TAG_VERSION = re.compile(r"^v?([0-9]+\.[0-9]+\.[0-9]+)(?:\Z|[-_.+])")
 _TEMPLATE = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|\{\{.*?\}\}")
 """A placeholder a manifest renderer fills in: ``$VLLM_IMAGE``, ``${IMAGE}``, ``{{ .Values.image }}``."""
 UNRENDERED = "is an unrendered template"
+STOCK_RAY_REPOSITORY = "rayproject/ray"
+"""Ray's published images: Ray and its Python only, none of this project's code or packages."""
+_DOCKER_HUB = ("docker.io/", "index.docker.io/", "registry-1.docker.io/")
+_PYTHON_TAG = re.compile(r"(?:^|[-_.])py3([0-9]{1,2})(?=$|[-_.+])")
 
 
 def template_placeholder(image: str) -> str | None:
@@ -53,3 +57,31 @@ def image_version(image: str) -> tuple[str | None, str]:
     if not found:
         return None, f"has tag {tag!r}, which names no explicit Ray version"
     return found.group(1), ""
+
+
+def image_repository(image: str) -> str:
+    """The repository of an image reference, without tag, digest and the Docker Hub host:
+    ``docker.io/rayproject/ray:2.60.0-py311@sha256:...`` -> ``rayproject/ray``."""
+    name = image.strip().split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    last = last.split(":", 1)[0]
+    name = f"{head}/{last}" if head else last
+    for host in _DOCKER_HUB:
+        if name.startswith(host):
+            name = name[len(host) :]
+    return name.removeprefix("library/")
+
+
+def is_stock_ray_image(image: str) -> bool:
+    """True for ``rayproject/ray`` at any tag (and its Docker Hub spellings)."""
+    return image_repository(image) == STOCK_RAY_REPOSITORY
+
+
+def image_python(image: str) -> tuple[int, int] | None:
+    """The Python an image's tag names (``...:2.60.0-py312-abc`` -> ``(3, 12)``), else None."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" not in last:
+        return None
+    found = _PYTHON_TAG.search(last.rsplit(":", 1)[1])
+    return (3, int(found.group(1))) if found else None

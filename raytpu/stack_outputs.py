@@ -10,7 +10,8 @@ Glossary (Ray's and KubeRay's words):
   ``clusterName``, ``clusterEndpoint``, ``slices`` = {slice name: {generation, topology,
   machineType, chipsPerHost, hosts, chips, count, nodePools}}, ``rayClusters`` = {name:
   {namespace, slice, headService, dashboardPort}}, ``rayServices`` = {name: {namespace, slice,
-  headService, serveService, dashboardPort}}.
+  headService, serveService, dashboardPort}}, ``checkpointBucket`` (optional: stacks deployed
+  before it have none).
 - **head service**: the Kubernetes Service KubeRay makes for the Ray head of a RayCluster ``N``
   (``N-head-svc``); its dashboard port (8265) serves Ray's Job Submission API.
 - **serve service**: for a RayService ``N``, the Service in front of the Serve HTTP proxies
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raytpu import catalog, inputs
+from raytpu import catalog, entrypoints, inputs
 from raytpu.ray_names import DASHBOARD_PORT, SERVE_PORT
 
 __all__ = [
@@ -132,6 +133,14 @@ class StackOutputs:
     slices: Mapping[str, SliceOutput]
     ray_clusters: Mapping[str, RayHead]
     ray_services: Mapping[str, RayHead] = field(default_factory=dict)
+    checkpoint_bucket: str | None = None
+    """The stack's checkpoint bucket (``checkpointBucket``); None for stacks deployed before it."""
+
+    def checkpoint_dir(self, run: str) -> str | None:
+        """``gs://BUCKET/RUN`` where training run ``run`` keeps its checkpoints (None: no bucket)."""
+        if self.checkpoint_bucket is None:
+            return None
+        return entrypoints.checkpoint_uri(self.checkpoint_bucket, run)
 
     def slice(self, name: str) -> SliceOutput:
         if name not in self.slices:
@@ -293,8 +302,14 @@ def parse_outputs(raw: Any, stack: str) -> StackOutputs:
         name: _parse_head("RayService", name, value, f"outputs.rayServices.{name}", slices)
         for name, value in services_raw.items()
     }
+    bucket = raw.get("checkpointBucket")
+    if bucket is not None and (not isinstance(bucket, str) or not bucket.strip()):
+        raise StackOutputsError(
+            f"outputs.checkpointBucket: {bucket!r} is not valid; valid: a GCS bucket name"
+        )
     return StackOutputs(
         stack=stack,
+        checkpoint_bucket=bucket,
         cluster_name=cluster_name,
         cluster_endpoint=endpoint,
         slices=slices,

@@ -39,7 +39,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ADDRESS = f"http://127.0.0.1:{stack_outputs.DEFAULT_DASHBOARD_PORT}"
 WORKLOADS = ("train", "serve")
 SERVE_IMPORT_PATH = entrypoints.SERVE_IMPORT_PATH
-WORKING_DIR_PACKAGES = ("workloads", "raytpu", "raytpu_cli")
+WORKING_DIR_PACKAGES = entrypoints.WORKER_PACKAGES
 """Packages shipped in the job's ``working_dir`` (the job's cwd, first on its ``sys.path``)."""
 WORKING_DIR_IGNORE = ("__pycache__", "*.pyc", "*.egg-info")
 HEAD_CHECK_TIMEOUT_S = 10.0
@@ -302,11 +302,15 @@ def build_request(
     pip: bool = False,
     env: Mapping[str, str] | None = None,
     raw: bool = False,
+    run: str | None = None,
 ) -> JobRequest:
     """Turn ``train ...`` / ``serve ...`` / ``COMMAND ...`` into a job request.
 
     ``raw`` (the command came after ``--``): run ``job`` as is, even if it starts with ``train``
     or ``serve``. ``env`` (``--env``) is added to the job's environment variables and wins.
+    ``train`` on a stack with a checkpoint bucket writes to ``gs://BUCKET/<run>`` (``run``:
+    default the RayCluster's name) unless ``--checkpoint-dir`` or ``RAYTPU_CHECKPOINT_DIR`` says
+    otherwise; a RayService serves ``gs://BUCKET/<checkpointRun>``.
     """
     if not job:
         raise SubmitError(
@@ -324,6 +328,9 @@ def build_request(
     if workload == "serve":
         # One Serve replica per TPU host of the cluster's slice (workloads.serve reads this).
         env_vars.update(entrypoints.serve_env(slice_out.shape))
+    checkpoints = outputs.checkpoint_dir(run or head.name)
+    if workload == "train" and checkpoints and "--checkpoint-dir" not in extra:
+        env_vars[entrypoints.CHECKPOINT_ENV] = checkpoints
     env_vars.update(env or {})
     return JobRequest(
         workload=workload,

@@ -6,6 +6,10 @@ Examples:
   raytpu submit --stack dev --outputs dev-outputs.json --no-wait train
   raytpu submit --stack dev --cluster train -- python -m raytpu_cli catalog v6e 2x4 --json
   raytpu submit --stack dev --cluster train serve
+  raytpu submit --stack dev --run exp2 train        # checkpoints in gs://BUCKET/exp2
+
+`train` keeps its checkpoints in the stack's bucket, gs://BUCKET/<run> (run: --run, default the
+RayCluster's name); a RayService serves gs://BUCKET/<its checkpointRun> (default `train`).
 
 How the head is chosen and what is sent: :mod:`raytpu_cli.jobs`.
 """
@@ -18,7 +22,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from raytpu import project, stack_outputs
+from raytpu import entrypoints, project, stack_outputs
 from raytpu.stack_outputs import StackOutputs, StackOutputsError
 from raytpu_cli import failure
 from raytpu_cli.jobs import (
@@ -76,6 +80,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="environment variable for the job, e.g. RAYTPU_CHECKPOINT_DIR=gs://BUCKET/ckpt "
         "(repeatable)",
+    )
+    parser.add_argument(
+        "--run",
+        help="training run name: checkpoints go to gs://<checkpointBucket>/RUN (default: the "
+        "RayCluster's name); ignored with --checkpoint-dir or --env RAYTPU_CHECKPOINT_DIR=...",
     )
     parser.add_argument(
         "job",
@@ -136,13 +145,18 @@ def run(args: argparse.Namespace) -> int:
         ray_version = check_head(args.address, head, headers=headers)
         with tempfile.TemporaryDirectory(prefix="raytpu-job-") as tmp:
             working_dir = stage_working_dir(Path(tmp))
-            request = build_request(job, outputs, head, working_dir, pip=args.pip, env=env, raw=raw)
+            request = build_request(
+                job, outputs, head, working_dir, pip=args.pip, env=env, raw=raw, run=args.run
+            )
             print(
                 f"submitting {request.workload} to {head.kind} {head.name!r} "
                 f"(slice {head.slice!r}, Ray {ray_version}) at {args.address}:\n"
                 f"  {request.entrypoint}",
                 file=sys.stderr,
             )
+            checkpoints = request.runtime_env["env_vars"].get(entrypoints.CHECKPOINT_ENV)
+            if request.workload == "train" and checkpoints:
+                print(f"  checkpoints: {checkpoints}", file=sys.stderr)
             result = submit(
                 args.address,
                 head,

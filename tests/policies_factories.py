@@ -17,6 +17,8 @@ DELETE = object()
 """Pass as the value to :func:`edit` to remove the field."""
 
 ZONE = "us-east5-b"
+WORKER_IMAGE = "us-east5-docker.pkg.dev/proj/ray-tpu/ray:2.60.0-py311-0123456789ab"
+"""The worker image built from Dockerfile (the stock rayproject/ray lacks workloads.serve:app)."""
 
 
 def node_pool_props(
@@ -50,7 +52,7 @@ def tpu_group(
     *,
     name: str = "tpu",
     replicas: int = 1,
-    image: str = "rayproject/ray:2.60.0-py311",
+    image: str = WORKER_IMAGE,
 ) -> dict[str, Any]:
     """A correct KubeRay worker group for ``replicas`` slices of ``shape``."""
     chips = str(shape.chips_per_host)
@@ -83,7 +85,7 @@ def cluster_spec(
     groups: list[dict[str, Any]],
     *,
     ray_version: str = "2.60.0",
-    image: str = "rayproject/ray:2.60.0-py311",
+    image: str = WORKER_IMAGE,
 ) -> dict[str, Any]:
     return {
         "rayVersion": ray_version,

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infra.config import load_stack
 from raytpu import entrypoints
+from raytpu.ray_versions import is_stock_ray_image
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = (REPO / "Dockerfile").read_text()
@@ -29,15 +31,28 @@ def _ray_pin() -> str:
     return pin.split("==")[1]
 
 
-def _base_image() -> str:
-    (arg,) = [a for a in _instructions("ARG") if a.startswith("RAY_IMAGE=")]
-    assert _instructions("FROM") == ["${RAY_IMAGE}"]
+def _arg(name: str) -> str:
+    (arg,) = [a for a in _instructions("ARG") if a.startswith(f"{name}=")]
     return arg.split("=", 1)[1]
 
 
 def test_base_image_is_the_pinned_ray_release() -> None:
-    image = _base_image()
-    assert image == f"rayproject/ray:{_ray_pin()}-py311"
+    assert _instructions("FROM") == ["rayproject/ray:${RAY_VERSION}-${PYTHON_TAG}"]
+    assert _arg("RAY_VERSION") == _ray_pin()
+    assert _arg("PYTHON_TAG") == "py311"
+    # The version check inside the image follows the build argument.
+    assert "ARG RAY_VERSION" in DOCKERFILE.split("FROM", 1)[1]
+    assert "ray.__version__ == '${RAY_VERSION}'" in DOCKERFILE
+
+
+@pytest.mark.parametrize("stack_file", STACKS, ids=[p.stem for p in STACKS])
+def test_stacks_run_the_built_image(stack_file: Path) -> None:
+    """No stack runs the stock image: rayImage unset, so the program runs the Dockerfile build."""
+    config = yaml.safe_load(stack_file.read_text())["config"]
+    assert "ray-tpu:rayImage" not in config
+    stack = load_stack(stack_file.stem.split(".", 1)[1])
+    assert not is_stock_ray_image(stack.ray_image)
+    assert stack.ray_image.endswith(f":{_ray_pin()}-{_arg('PYTHON_TAG')}-{stack.image.tag}")
 
 
 @pytest.mark.parametrize("stack_file", STACKS, ids=[p.stem for p in STACKS])

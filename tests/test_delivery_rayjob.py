@@ -75,7 +75,9 @@ def test_ray_job_spec_fields(dev_raw: dict[str, Any]) -> None:
     assert spec["ttlSecondsAfterFinished"] == 120
     assert spec["activeDeadlineSeconds"] == 7200
     # The RayJob's cluster is the same spec a RayCluster on that slice gets, from the catalog.
-    assert spec["rayClusterSpec"] == kuberay.ray_cluster_spec(stack, job.cluster, "RayJob")
+    assert spec["rayClusterSpec"] == kuberay.ray_cluster_spec(
+        stack, job.cluster, "RayJob", stack_name="dev"
+    )
     (group,) = spec["rayClusterSpec"]["workerGroupSpecs"]
     assert (group["numOfHosts"], group["replicas"]) == (2, 1)  # v6e 2x4 on 4-chip hosts
     limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
@@ -90,6 +92,8 @@ def test_ray_job_spec_fields(dev_raw: dict[str, Any]) -> None:
     assert env["env_vars"]["RAYTPU_TOPOLOGY"] == "2x4"
     assert env["env_vars"]["RAYTPU_CHIPS_PER_HOST"] == "4"
     assert env["env_vars"]["XLA_FLAGS"] == "--xla_dump_to=/tmp/xla"
+    # Training run <job name> keeps its checkpoints in the stack's bucket.
+    assert env["env_vars"]["RAYTPU_CHECKPOINT_DIR"] == f"gs://ray-tpu-dev-ckpt/{job.name}"
 
 
 def test_an_explicit_entrypoint_is_kept(

@@ -49,6 +49,8 @@ def _pulumi_runs(workflow: dict[str, Any], command: str) -> list[tuple[dict[str,
     found = []
     for _, job, step in _steps(workflow):
         inputs = step.get("with", {})
+        if "target" in inputs:
+            continue  # a targeted update of a few resources, not the stack's rollout
         if _action(step) == PULUMI_ACTION and inputs.get("command") == command:
             found.append((job, str(inputs["stack-name"]), str(inputs.get("policyPacks", ""))))
         for line in step.get("run", "").splitlines():
@@ -179,6 +181,47 @@ def test_previews_and_deploys_wait_for_the_tests() -> None:
         }
         for job_id in pulumi_jobs:
             assert jobs[job_id]["needs"] in ("test", "dev"), job_id
+
+
+@pytest.fixture(scope="module")
+def registry_urns() -> dict[str, str]:
+    """The URN of each stack's image repository, as the program declares it under mocks."""
+    from infra import offline
+
+    urns = {}
+    for stack in STACKS:
+        resources, _ = offline.run_stack(stack)
+        (repo,) = [r for r in resources if r.type.startswith("gcp:artifactregistry/repository:")]
+        urns[stack] = repo.urn
+    return urns
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_deploy_builds_and_pushes_the_image_it_deploys(
+    stack: str, registry_urns: dict[str, str]
+) -> None:
+    """Per stack: the image reference, the repository (targeted up), build + push, then the
+    whole up with ray-tpu:imageTag = the pushed tag, in that order."""
+    steps = _load("deploy")["jobs"][stack]["steps"]
+    names = [s.get("id") or s.get("name", "") for s in steps]
+    image = names.index("image")
+    assert steps[image]["run"].startswith(f".venv/bin/python -m infra.worker_image {stack} ")
+    assert '--tag "${GITHUB_SHA::12}"' in steps[image]["run"]
+    pulumi = [i for i, s in enumerate(steps) if _action(s) == PULUMI_ACTION]
+    build = next(i for i, s in enumerate(steps) if "docker push" in s.get("run", ""))
+    targeted, full = pulumi
+    assert image < targeted < build < full
+    assert steps[targeted]["with"]["target"] == registry_urns[stack]
+    assert "target" not in steps[full]["with"]
+    tag = "${{ steps.image.outputs.tag }}"
+    for index in (targeted, full):
+        config_map = yaml.safe_load(steps[index]["with"]["config-map"].replace(tag, "TAG"))
+        assert config_map == {"ray-tpu:imageTag": {"value": "TAG", "secret": False}}
+        assert steps[index]["with"]["stack-name"] == stack
+    run = steps[build]["run"]
+    assert 'docker build --build-arg RAY_VERSION="$RAY_VERSION"' in run
+    assert '--build-arg PYTHON_TAG="$PYTHON_TAG" -t "$IMAGE" .' in run
+    assert steps[build]["env"]["IMAGE"] == "${{ steps.image.outputs.image }}"
 
 
 def test_prod_is_deployed_after_dev_behind_the_prod_environment() -> None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from infra.config import ConfigError, StackConfig, load_stack, parse_config
+from infra.config.image import git_image_tag
 from infra.offline import run_entrypoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -190,7 +191,7 @@ BAD_VALUES = [
     ),
     (
         "max-replicas-under-replicas",
-        _set((RC, 0, "maxReplicas"), 0),
+        _both(_set((RC, 0, "replicas"), 1), _set((RC, 0, "maxReplicas"), 0)),
         f"{RC}[0].maxReplicas",
         "0",
         "an integer 1..1",
@@ -501,7 +502,10 @@ def test_shipped_stacks_parse(stack: str) -> None:
     config = load_stack(stack)
     assert isinstance(config, StackConfig)
     assert config.ray_version == "2.60.0"
-    assert config.ray_image == "rayproject/ray:2.60.0-py311"
+    # The worker image built from Dockerfile, in the stack's own registry, at this commit.
+    assert config.ray_image == (
+        f"us-east5-docker.pkg.dev/ray-tpu-{stack}/ray-tpu/ray:2.60.0-py311-{git_image_tag()}"
+    )
     for obj in (*config.ray_clusters, *config.ray_services):
         assert config.slice(obj.slice).name == obj.slice
 
@@ -578,18 +582,38 @@ GATES = [
     ),
     (
         "tpu7x-on-gke-1.34.0-gke.2201000",
-        _both(_slice("tpu7x", "2x2x2"), _set((C, "minMasterVersion"), "1.34.0-gke.2201000")),
+        _both(
+            _both(_slice("tpu7x", "2x2x2"), _set((C, "minMasterVersion"), "1.34.0-gke.2201000")),
+            _set(("ray-tpu:pythonVersion",), "3.12"),
+        ),
         None,
         "",
     ),
-    ("tpu7x-on-gke-1.35", _both(_slice("tpu7x", "2x2x2"), _set((C, "minMasterVersion"), "1.35")), None, ""),
+    (
+        "tpu7x-on-gke-1.35",
+        _both(
+            _both(_slice("tpu7x", "2x2x2"), _set((C, "minMasterVersion"), "1.35")),
+            _set(("ray-tpu:pythonVersion",), "3.12"),
+        ),
+        None,
+        "",
+    ),
     (
         "v4-flex-start",
         _slice("v4", "2x2x2", provisioning="flex-start"),
         f"{S}[1].provisioning: 'flex-start' is not valid; valid: on-demand, spot, reservation",
         "GKE does not offer flex-start for v4 TPUs",
     ),
-    ("v5p-flex-start", _slice("v5p", "2x2x2", provisioning="flex-start"), None, ""),
+    (
+        "v5p-flex-start",
+        _both(
+            _slice("v5p", "2x2x2", provisioning="flex-start"),
+            _set((RS, 0), {"name": "serve", "slice": "serve", "replicas": 0, "minReplicas": 0,
+                           "maxReplicas": 1, "importPath": "workloads.serve:app"}),
+        ),
+        None,
+        "",
+    ),
     ("v4-spot", _slice("v4", "2x2x2"), None, ""),
 ]  # fmt: skip
 

@@ -23,7 +23,6 @@ PROVIDER = "pulumi:providers:kubernetes"
 RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
 RAY_SERVICE = "kubernetes:ray.io/v1:RayService"
 NAMESPACE = "kubernetes:core/v1:Namespace"
-IMAGE = "rayproject/ray:2.60.0-py311"
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +234,12 @@ def _config_with(slices: list[dict[str, Any]]) -> Any:
         raw = copy.deepcopy(yaml.safe_load(handle)["config"])
     raw["ray-tpu:slices"] = slices
     raw["ray-tpu:cluster"]["minMasterVersion"] = "1.34"  # tpu7x needs 1.34.0-gke.2201000
-    raw["ray-tpu:rayClusters"] = [{"name": "work", "slice": slices[0]["name"], "replicas": 1}]
+    raw["ray-tpu:pythonVersion"] = "3.12"  # tpu7x needs jax[tpu] >= 0.8.2 on Python 3.12
+    first = slices[0]
+    to_zero = first.get("scaleToZero") or first.get("provisioning") == "flex-start"
+    # A worker group on a scale-to-zero slice keeps no replica (the pool must reach zero).
+    counts = {"replicas": 0, "minReplicas": 0, "maxReplicas": 1} if to_zero else {"replicas": 1}
+    raw["ray-tpu:rayClusters"] = [{"name": "work", "slice": first["name"], **counts}]
     raw["ray-tpu:rayServices"] = []
     return parse_config(raw)
 
@@ -371,7 +375,8 @@ def test_other_shapes(slice_cfg: dict[str, Any], pools: list[str], expected: tup
 
 # (stack, kind, name): accelerator label, topology, hosts, chips per host, replicas, min, max
 RAY_OBJECTS = {
-    ("dev", RAY_CLUSTER, "train"): ("tpu-v6e-slice", "2x4", 2, 4, 1, 1, 1),
+    # dev's training slice scales to zero: its RayCluster starts with none and may take one.
+    ("dev", RAY_CLUSTER, "train"): ("tpu-v6e-slice", "2x4", 2, 4, 0, 0, 1),
     ("dev", RAY_SERVICE, "serve"): ("tpu-v6e-slice", "2x2", 1, 4, 1, 1, 1),
     ("prod", RAY_CLUSTER, "train"): ("tpu-v6e-slice", "4x4", 4, 4, 2, 2, 2),
     ("prod", RAY_CLUSTER, "research"): ("tpu-v5p-slice", "2x2x4", 4, 4, 1, 1, 1),
@@ -408,7 +413,8 @@ def test_ray_object_spec(
     )
     pod = group["template"]["spec"]
     (worker,) = pod["containers"]
-    assert worker["image"] == IMAGE
+    image = load_stack(stack).ray_image
+    assert worker["image"] == image
     requests, limits = worker["resources"]["requests"], worker["resources"]["limits"]
     assert requests["google.com/tpu"] == limits["google.com/tpu"] == str(chips)
     assert requests == limits
@@ -421,7 +427,7 @@ def test_ray_object_spec(
     ]
     head = spec["headGroupSpec"]["template"]["spec"]
     assert head["nodeSelector"] == {"cloud.google.com/gke-nodepool": "cpu"}
-    assert head["containers"][0]["image"] == IMAGE
+    assert head["containers"][0]["image"] == image
     assert "google.com/tpu" not in head["containers"][0]["resources"]["limits"]
     assert "tolerations" not in head
     assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
@@ -437,16 +443,19 @@ def test_ray_service_serve_config(
 ) -> None:
     spec = _by_name(runs[stack], RAY_SERVICE)["serve"].props["spec"]
     assert isinstance(spec["serveConfigV2"], str)
-    assert yaml.safe_load(spec["serveConfigV2"]) == {
-        "applications": [
-            {
-                "name": "serve",
-                "import_path": "workloads.serve:app",
-                "route_prefix": "/",
-                "runtime_env": {"env_vars": {"RAYTPU_SERVE_TPU_PER_REPLICA": chips_per_host}},
-            }
-        ]
+    (app,) = yaml.safe_load(spec["serveConfigV2"])["applications"]
+    assert (app["name"], app["import_path"], app["route_prefix"]) == (
+        "serve",
+        "workloads.serve:app",
+        "/",
+    )
+    assert app["runtime_env"] == {
+        "env_vars": {
+            "RAYTPU_SERVE_TPU_PER_REPLICA": chips_per_host,
+            "RAYTPU_CHECKPOINT_DIR": f"gs://ray-tpu-{stack}-ckpt/train",
+        }
     }
+    assert [d["name"] for d in app["deployments"]] == ["TextGenerator"]
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"], ids=["dev", "prod"])

@@ -89,7 +89,8 @@ BROKEN = [
     ),
     (
         "group-replicas-beyond-slices",
-        ("RayCluster", "raycluster-train", ["spec", "workerGroupSpecs", 0, "replicas"], 2.0),
+        # dev's train group autoscales (0..1 slices): the slices it may take are its maxReplicas.
+        ("RayCluster", "raycluster-train", ["spec", "workerGroupSpecs", 0, "maxReplicas"], 2.0),
         "tpu-slices-for-ray-groups",
         "2 slice(s) of v6e 2x4 (2 hosts x 4 chips) on ct6e-standard-4t needed",
     ),
@@ -204,7 +205,11 @@ def test_every_shape_the_program_declares_passes(slice_):
     raw = _dev_raw()
     raw["ray-tpu:slices"] = [slice_]
     raw["ray-tpu:cluster"]["minMasterVersion"] = "1.34"  # tpu7x needs 1.34.0-gke.2201000
-    raw["ray-tpu:rayClusters"] = [{"name": "work", "slice": slice_["name"], "replicas": 1}]
+    raw["ray-tpu:pythonVersion"] = "3.12"  # tpu7x needs jax[tpu] >= 0.8.2 on Python 3.12
+    to_zero = slice_.get("scaleToZero") or slice_.get("provisioning") == "flex-start"
+    # A worker group on a scale-to-zero slice keeps no replica (the pool must reach zero).
+    counts = {"replicas": 0, "minReplicas": 0, "maxReplicas": 1} if to_zero else {"replicas": 1}
+    raw["ray-tpu:rayClusters"] = [{"name": "work", "slice": slice_["name"], **counts}]
     raw["ray-tpu:rayServices"] = []
     resources, _ = offline.run_program(parse_config(raw), stack="shape")
     assert [v.message for v in evaluate(resources)] == []
@@ -214,6 +219,7 @@ def test_tpu7x_workload_policy_is_resolved_not_skipped():
     raw = _dev_raw()
     raw["ray-tpu:slices"] = [_slice("iw", "tpu7x", "4x4x4")]
     raw["ray-tpu:cluster"]["minMasterVersion"] = "1.34"
+    raw["ray-tpu:pythonVersion"] = "3.12"
     raw["ray-tpu:rayClusters"] = [{"name": "work", "slice": "iw", "replicas": 1}]
     raw["ray-tpu:rayServices"] = []
     resources, _ = offline.run_program(parse_config(raw), stack="shape")

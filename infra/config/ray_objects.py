@@ -5,6 +5,7 @@ One common parser for what every kind shares, one parser per kind for its own ke
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -20,6 +21,13 @@ from infra.config.schema import (
     WorkerResources,
 )
 from infra.config.values import IMPORT_PATH_RE, RAY_NAME_MAX, image_check
+from raytpu.entrypoints import DEFAULT_RUN
+
+RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+"""A run name is one object-name segment: gs://BUCKET/<run>."""
+DEFAULT_TARGET_ONGOING_REQUESTS = 8.0
+"""A quarter of TextGenerator's max_ongoing_requests (32): a replica's batches fill before the
+autoscaler asks for another host."""
 
 _RAY_OBJECT_KEYS = (
     "name",
@@ -128,7 +136,15 @@ def parse_ray_service(
     slices: Mapping[str, SliceConfig | None],
     ray_version: str | None,
 ) -> RayServiceConfig | None:
-    keys = (*_RAY_OBJECT_KEYS, "importPath", "applicationName", "routePrefix", "runtimeEnv")
+    keys = (
+        *_RAY_OBJECT_KEYS,
+        "importPath",
+        "applicationName",
+        "routePrefix",
+        "runtimeEnv",
+        "checkpointRun",
+        "targetOngoingRequests",
+    )
     s = Section(problems, f"{NAMESPACE}:rayServices[{index}]", raw, keys)
     if not s.ok:
         return None
@@ -154,7 +170,23 @@ def parse_ray_service(
         check=lambda v: v.startswith("/"),
     )
     runtime_env = _runtime_env(s)
-    if common is None or None in (import_path, app_name, route, runtime_env):
+    run = s.get(
+        "checkpointRun",
+        str,
+        DEFAULT_RUN,
+        valid="a training run name: its checkpoints are gs://<ray-tpu:storage.bucket>/<run> "
+        "(raytpu submit train --run NAME; default: the RayCluster's name)",
+        check=lambda v: bool(RUN_RE.match(v)),
+    )
+    target = s.get(
+        "targetOngoingRequests",
+        (int, float),
+        DEFAULT_TARGET_ONGOING_REQUESTS,
+        valid="a number > 0 and <= 32 (the deployment's max_ongoing_requests): requests in "
+        "flight per Serve replica the autoscaler aims for",
+        check=lambda v: 0 < v <= 32,
+    )
+    if common is None or None in (import_path, app_name, route, runtime_env, run, target):
         return None
     return RayServiceConfig(
         **common,
@@ -162,6 +194,8 @@ def parse_ray_service(
         application_name=app_name,
         route_prefix=route,
         runtime_env=MappingProxyType(dict(runtime_env)),
+        checkpoint_run=run,
+        target_ongoing_requests=float(target),
     )
 
 

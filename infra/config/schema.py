@@ -125,6 +125,10 @@ class RayServiceConfig(RayClusterConfig):
     application_name: str
     route_prefix: str
     runtime_env: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    checkpoint_run: str = "train"
+    """The training run it serves: checkpoints from ``gs://<bucket>/<checkpoint_run>``."""
+    target_ongoing_requests: float = 8.0
+    """Serve autoscaling: requests in flight per replica the autoscaler aims for."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,42 @@ class SecurityConfig:
 
 
 @dataclass(frozen=True)
+class StorageConfig:
+    """``ray-tpu:storage``: the checkpoint bucket and the identity Ray pods use to reach it."""
+
+    bucket: str
+    location: str
+    delete_after_days: int = 30
+    """Lifecycle rule: objects older than this are deleted (old runs' checkpoints)."""
+    soft_delete_days: int = 7
+    """Deleted objects stay restorable this long (GCS soft delete)."""
+    force_destroy: bool = False
+    """``pulumi destroy`` may delete a bucket that still holds checkpoints."""
+    service_account: str = "ray-tpu"
+    """The Kubernetes ServiceAccount of every Ray pod (one per namespace with Ray objects)."""
+
+
+PYTHON_VERSIONS = ("3.11", "3.12")
+"""Python of the worker image (the ``rayproject/ray`` base it is built on)."""
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """The worker image built from ``Dockerfile`` and its Artifact Registry repository."""
+
+    repository: str
+    """Artifact Registry repository id (in ``gcp:region``)."""
+    tag: str
+    """``ray-tpu:imageTag``: the build's own part of the tag (the deploy workflow: the git sha)."""
+    python: str = "3.11"
+    """``ray-tpu:pythonVersion``: one of :data:`PYTHON_VERSIONS`."""
+
+    @property
+    def python_tag(self) -> str:
+        return "py" + self.python.replace(".", "")
+
+
+@dataclass(frozen=True)
 class StackConfig:
     """Everything one stack declares."""
 
@@ -178,6 +218,16 @@ class StackConfig:
     ray_services: tuple[RayServiceConfig, ...]
     ray_jobs: tuple[RayJobConfig, ...] = ()
     security: SecurityConfig = SecurityConfig()
+    storage: StorageConfig | None = None
+    """The checkpoint bucket and the Ray pods' identity (always set by the parser)."""
+    image: ImageConfig | None = None
+    """The worker image repository and tag (always set by the parser)."""
+
+    @property
+    def registry(self) -> str:
+        """``REGION-docker.pkg.dev/PROJECT/REPOSITORY``: where the worker image is pushed."""
+        repository = self.image.repository if self.image else "ray-tpu"
+        return f"{self.region}-docker.pkg.dev/{self.project}/{repository}"
 
     def slice(self, name: str) -> SliceConfig:
         for candidate in self.slices:

@@ -8,18 +8,20 @@ from pathlib import Path
 from typing import Any
 
 from infra.config.cluster import parse_cluster
+from infra.config.image import parse_image, worker_image
 from infra.config.ray_objects import SECTIONS
 from infra.config.reader import Problems, check_unique, list_of
 from infra.config.schema import (
     NAMESPACE,
+    PYTHON_VERSIONS,
     ConfigError,
     SliceConfig,
     StackConfig,
 )
 from infra.config.security import parse_security
 from infra.config.slices import parse_slice
+from infra.config.storage import parse_storage
 from infra.config.values import (
-    DEFAULT_RAY_IMAGE,
     FLEX_START_TPU_GKE_VERSION,
     PROJECT_RE,
     REGION_RE,
@@ -29,6 +31,7 @@ from infra.config.values import (
     zone_region,
 )
 from raytpu import inputs, project
+from raytpu.ray_versions import image_python
 
 _TOP_KEYS = (
     "cluster",
@@ -38,7 +41,11 @@ _TOP_KEYS = (
     "rayJobs",
     "rayVersion",
     "rayImage",
+    "imageTag",
+    "imageRepository",
+    "pythonVersion",
     "security",
+    "storage",
 )
 
 
@@ -74,8 +81,11 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
 
     ray_version = parse_ray_version(problems, raw.get(f"{NAMESPACE}:rayVersion"))
     image = raw.get(f"{NAMESPACE}:rayImage")
-    if image is None and ray_version is not None:
-        image = DEFAULT_RAY_IMAGE.format(version=ray_version)
+    image_cfg = parse_image(problems, raw, needed=image is None)
+    if image is None and ray_version and image_cfg and project and region:
+        # The worker image built from Dockerfile and pushed to the stack's registry.
+        registry = f"{region}-docker.pkg.dev/{project}/{image_cfg.repository}"
+        image = worker_image(registry, ray_version, image_cfg)
     if image is not None and not image_check(problems, f"{NAMESPACE}:rayImage", image, ray_version):
         image = None
 
@@ -110,6 +120,13 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
         )
     )
     cluster = parse_cluster(problems, raw.get(f"{NAMESPACE}:cluster"), region, slice_zones)
+    storage = parse_storage(
+        problems,
+        raw.get(f"{NAMESPACE}:storage"),
+        project,
+        region,
+        cluster.name if cluster else None,
+    )
     if cluster is not None:
         taken = {cluster.cpu_pool.name}
         for index, item in enumerate(slices):
@@ -170,6 +187,9 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
                 + f" add up to {wanted} slices",
             )
 
+    _check_scale_to_zero(problems, slices, [*clusters, *services], raw)
+    _check_runtime(problems, slices, [*clusters, *services, *jobs], image, raw)
+
     flex = [s.name for s in slices if s.provisioning == "flex-start"]
     too_old = cluster is not None and not gke_version_ok(
         cluster.min_master_version, FLEX_START_TPU_GKE_VERSION
@@ -203,8 +223,11 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
     if problems.errors:
         raise ConfigError(problems.errors)
     assert project and region and cluster and ray_version and image and security  # no errors
+    assert storage and image_cfg
     return StackConfig(
         security=security,
+        storage=storage,
+        image=image_cfg,
         project=project,
         region=region,
         cluster=cluster,
@@ -215,6 +238,75 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
         ray_services=tuple(services),
         ray_jobs=tuple(jobs),
     )
+
+
+def _where(obj: Any, raw: Mapping[str, Any]) -> str:
+    """The key path of ``obj`` (a parsed Ray object) in ``raw``: ``ray-tpu:rayClusters[0]``."""
+    for key, _ in SECTIONS:
+        for index, item in enumerate(raw.get(f"{NAMESPACE}:{key}") or []):
+            if isinstance(item, Mapping) and item.get("name") == obj.name:
+                return f"{NAMESPACE}:{key}[{index}]"
+    return f"{NAMESPACE}:{obj.name}"  # pragma: no cover - parsed objects come from raw
+
+
+def _check_scale_to_zero(
+    problems: Problems, slices: list[SliceConfig], objects: list[Any], raw: Mapping[str, Any]
+) -> None:
+    """A ``scaleToZero`` slice reaches zero only if no long-lived worker group keeps a replica
+    on it: a RayCluster's or RayService's ``minReplicas`` must be 0 there (in-tree autoscaling
+    then adds the slice when Ray asks for its TPUs and removes it when idle). A RayJob's
+    cluster is deleted when the job ends, so it does not pin the slice."""
+    for slice_cfg in slices:
+        if not slice_cfg.scale_to_zero:
+            continue
+        for obj in objects:
+            if obj.slice == slice_cfg.name and obj.min_replicas > 0:
+                problems.bad(
+                    f"{_where(obj, raw)}.minReplicas",
+                    obj.min_replicas,
+                    "0 (with replicas: 0 and maxReplicas >= 1: Ray's autoscaler adds the slice "
+                    "when a job asks for its TPUs)",
+                    f"slice {slice_cfg.name!r} has scaleToZero, and a worker group that keeps "
+                    f"{obj.min_replicas} replica(s) keeps their TPU hosts up: the pool never "
+                    "reaches zero",
+                )
+
+
+def _check_runtime(
+    problems: Problems,
+    slices: list[SliceConfig],
+    objects: list[Any],
+    stack_image: str | None,
+    raw: Mapping[str, Any],
+) -> None:
+    """An image whose Python cannot run a generation's jax[tpu] (tpu7x: 3.12) is refused on
+    that generation's slices."""
+    by_name = {s.name: s for s in slices}
+    for obj in objects:
+        gen = by_name[obj.slice].shape.generation if obj.slice in by_name else None
+        image = obj.image or stack_image
+        if gen is None or gen.min_python is None or not isinstance(image, str):
+            continue
+        python = image_python(image)
+        if python is None or python >= gen.min_python:
+            continue
+        wanted = ".".join(str(p) for p in gen.min_python)
+        if obj.image:
+            path, value = f"{_where(obj, raw)}.image", image
+        elif f"{NAMESPACE}:rayImage" in raw:
+            path, value = f"{NAMESPACE}:rayImage", image
+        else:
+            path = f"{NAMESPACE}:pythonVersion"
+            value = raw.get(path, PYTHON_VERSIONS[0])
+        problems.bad(
+            path,
+            value,
+            f"an image on Python >= {wanted} (tag -py{wanted.replace('.', '')}) for "
+            f"{gen.name} slices",
+            f"{obj.name} runs on {gen.name} slice {obj.slice!r}: {gen.runtime_note}; set "
+            f"ray-tpu:pythonVersion '{wanted}' and build the Dockerfile with "
+            f"--build-arg PYTHON_TAG=py{wanted.replace('.', '')}",
+        )
 
 
 def project_root() -> Path:
@@ -234,7 +326,7 @@ def available_stacks(project_dir: Path | None = None) -> tuple[str, ...]:
     return project.available_stacks(project_dir or project_root())
 
 
-def load_stack_file(path: Path) -> StackConfig:
+def load_stack_file(path: Path, *, image_tag: str | None = None) -> StackConfig:
     """Read and validate one ``Pulumi.<stack>.yaml``.
 
     Raises :class:`ConfigError` for anything wrong with it, unreadable files included (size,
@@ -253,13 +345,19 @@ def load_stack_file(path: Path) -> StackConfig:
             ]
         )
     config = document.get("config")
-    return parse_config({} if config is None else config)
+    config = {} if config is None else config
+    if image_tag is not None and isinstance(config, Mapping):
+        config = dict(config)
+        config[f"{NAMESPACE}:imageTag"] = image_tag
+    return parse_config(config)
 
 
-def load_stack(stack: str, project_dir: Path | None = None) -> StackConfig:
+def load_stack(
+    stack: str, project_dir: Path | None = None, *, image_tag: str | None = None
+) -> StackConfig:
     """Read and validate ``<project_dir>/Pulumi.<stack>.yaml`` (default: this repository)."""
     try:
         path = project.resolve_stack_file(stack, project_dir or project_root())
     except project.ProjectError as error:
         raise ConfigError([str(error)]) from None
-    return load_stack_file(path)
+    return load_stack_file(path, image_tag=image_tag)

@@ -18,7 +18,6 @@ MIN_GKE_VERSION = "1.30.0-gke.1747000"
 FLEX_START_TPU_GKE_VERSION = "1.33.0-gke.1712000"
 """Flex-start TPU node pools need this GKE version or later."""
 DEFAULT_GKE_VERSION = "1.33"
-DEFAULT_RAY_IMAGE = "rayproject/ray:{version}-py311"
 
 ZONE_RE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
