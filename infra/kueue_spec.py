@@ -25,7 +25,7 @@ from typing import Any
 from infra.config import RayClusterConfig, StackConfig
 from infra.config.team_schema import TeamConfig, TeamQuota
 from infra.config.teams import team_of
-from raytpu import kueue
+from raytpu import admission, kueue
 from raytpu.catalog import TPU_RESOURCE
 
 DEFAULT_FLAVOR = "ray-tpu-default"
@@ -232,3 +232,20 @@ def quota_rows(stack: StackConfig) -> list[QuotaRow]:
                 )
             )
     return rows
+
+
+def admission_queues(stack: StackConfig) -> list[admission.ClusterQueue]:
+    """The teams' ClusterQueues for the planning model (:mod:`raytpu.admission`), in slices."""
+    return [
+        admission.ClusterQueue(
+            name=team.name,
+            quotas={
+                q.flavor: admission.Quota(q.slices, q.borrowing_limit, q.lending_limit)
+                for q in team.quotas
+            },
+            cohort=team.cohort,
+            within=team.within_cluster_queue,
+            reclaim=team.reclaim_within_cohort,
+        )
+        for team in stack.teams
+    ]
