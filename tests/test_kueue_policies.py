@@ -162,7 +162,7 @@ def test_oversubscribed_quotas_from_the_stack_config() -> None:
     message = found[0].message
     for part in (
         "flavor v6e-4x4-4t (v6e 4x4)",
-        "add up to 5 slices (research 2, serving 1, batch 2)",
+        "add up to 5 slices (batch 2, research 2, serving 1)",
         "the node pools of that flavor hold 4 (pools: train-0, train-1, train-2, train-3)",
         "lower the quotas (ray-tpu:teams[].quotas) or add slices",
     ):

@@ -178,8 +178,8 @@ def check_quota_capacity(resources: Sequence[ResourceLike]) -> list[str]:
         capacity = sum(s for _, s in matching) * flavor.chips
         if not shares or not matching or wanted <= capacity:
             continue  # a flavor that matches no pool: kueue-flavor-node-pools says so
-        teams = ", ".join(f"{team} {chips / flavor.chips:g}" for team, chips in shares)
-        names = ", ".join(n for n, _ in matching) or "none"
+        teams = ", ".join(f"{team} {chips / flavor.chips:g}" for team, chips in sorted(shares))
+        names = ", ".join(sorted(n for n, _ in matching)) or "none"
         violations.append(
             f"flavor {flavor.name} ({flavor.shape}): the teams' nominal quotas add up to "
             f"{wanted / flavor.chips:g} slices ({teams}) but the node pools of that flavor hold "
@@ -204,7 +204,7 @@ def check_flavor_node_pools(resources: Sequence[ResourceLike]) -> list[str]:
         declared = "; ".join(
             f"{n}: {labels[catalog.GKE_ACCELERATOR_LABEL]} {labels[catalog.GKE_TOPOLOGY_LABEL]}"
             + (" spot" if catalog.GKE_SPOT_LABEL in labels else "")
-            for n, labels, _ in pools
+            for n, labels, _ in sorted(pools, key=lambda p: p[0])
         )
         violations.append(
             f"ResourceFlavor/{flavor.name} ({flavor.shape}, used by {teams}): spec.nodeLabels "
