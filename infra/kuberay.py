@@ -27,6 +27,7 @@ from infra.config import (
     StackConfig,
     WorkerResources,
 )
+from infra.kueue_spec import workload_labels
 from infra.ray_access import RAY_OBJECT_LABEL
 from raytpu.catalog import TPU_RESOURCE, TPU_TAINT_KEY, SliceShape
 from raytpu.entrypoints import (
@@ -281,6 +282,7 @@ def _labels(stack: StackConfig, obj: RayClusterConfig | RayServiceConfig) -> dic
         "app.kubernetes.io/part-of": "ray-tpu",
         "ray-tpu/slice": obj.slice,
         "ray-tpu/cluster": stack.cluster.name,
+        **workload_labels(stack, obj),  # a team's queue and priority (Kueue)
     }
 
 

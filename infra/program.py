@@ -20,10 +20,12 @@ import pulumi
 from infra.checkpoint_storage import CheckpointStorage, CheckpointStorageArgs
 from infra.cloud_nat import CloudNat, CloudNatArgs
 from infra.config import StackConfig
+from infra.config.teams import team_of
 from infra.cpu_pool import CpuNodePool, CpuNodePoolArgs
 from infra.gke_cluster import GkeCluster, GkeClusterArgs
 from infra.image_registry import ImageRegistry, ImageRegistryArgs
 from infra.k8s_provider import KubernetesAccess, KubernetesAccessArgs
+from infra.kueue import Kueue, KueueArgs
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.ray_kinds import RAY_KINDS
 from infra.ray_object import RayObject, RayObjectArgs
@@ -127,6 +129,17 @@ def declare(config: StackConfig) -> None:
         found: list[pulumi.Resource] = [namespaces[namespace]] if namespace in namespaces else []
         return [*found, storage.service_accounts[namespace], storage.members[namespace]]
 
+    # Teams share the slices through Kueue; their Ray objects wait for their queues.
+    kueue = None
+    if config.teams:
+        kueue = Kueue(
+            "kueue",
+            KueueArgs(stack=config, provider=access.provider, depends_on=list(namespaces.values())),
+        )
+
+    def queued(obj: Any) -> list[pulumi.Resource]:
+        return [kueue] if kueue is not None and team_of(config.teams, obj) else []
+
     ray_objects = {
         kind: [
             RayObject(
@@ -137,7 +150,7 @@ def declare(config: StackConfig) -> None:
                     config=obj,
                     provider=access.provider,
                     stack_name=pulumi.get_stack(),
-                    depends_on=needs(obj.namespace),
+                    depends_on=[*needs(obj.namespace), *queued(obj)],
                 ),
             )
             for obj in kind.objects(config)

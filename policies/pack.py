@@ -25,6 +25,7 @@ from policies.rules import (
     Advisory,
     exposure,
     image,
+    kueue,
     node_pool,
     ray_groups,
     ray_version,
@@ -248,6 +249,52 @@ POLICIES: tuple[PolicySpec, ...] = (
             "Declare a NetworkPolicy that admits only the Ray object's pods, the metrics scraper "
             "and the KubeRay operator (the program does: infra/ray_access.py)."
         ),
+    ),
+    PolicySpec(
+        name="kueue-queue-label",
+        description=(
+            "A KubeRay object in a team's namespace (one with Kueue LocalQueues) names one of "
+            "them in kueue.x-k8s.io/queue-name, so Kueue admits it against the team's quota."
+        ),
+        kind="stack",
+        rule=kueue.check_queue_labels,
+        remediation="Give the object a team in the stack (ray-tpu:rayJobs[].team) or the label.",
+    ),
+    PolicySpec(
+        name="kueue-whole-slice-quota",
+        description=(
+            "A ClusterQueue's google.com/tpu quota, borrowing and lending limits on a TPU flavor "
+            "are whole slices of that flavor's shape (Kueue admits slices whole)."
+        ),
+        kind="stack",
+        rule=kueue.check_whole_slice_quotas,
+        remediation="Set quotas in whole slices (ray-tpu:teams[].quotas[].slices).",
+    ),
+    PolicySpec(
+        name="kueue-quota-capacity",
+        description=(
+            "Per TPU flavor, the ClusterQueues' nominal quotas add up to no more than the node "
+            "pools of that flavor can ever hold."
+        ),
+        kind="stack",
+        rule=kueue.check_quota_capacity,
+        remediation="Lower the teams' quotas or add slices of that flavor.",
+    ),
+    PolicySpec(
+        name="kueue-flavor-node-pools",
+        description="Every TPU ResourceFlavor's nodeLabels match at least one TPU node pool.",
+        kind="stack",
+        rule=kueue.check_flavor_node_pools,
+        remediation="Add a slice of the flavor's shape and provisioning, or fix its labels.",
+    ),
+    PolicySpec(
+        name="kueue-priority-class",
+        description=(
+            "Every kueue.x-k8s.io/priority-class label names a declared WorkloadPriorityClass."
+        ),
+        kind="stack",
+        rule=kueue.check_priority_classes,
+        remediation="Use a class of ray-tpu:priorityClasses, or declare the one you need.",
     ),
     PolicySpec(
         name="workload-identity",

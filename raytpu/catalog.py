@@ -48,6 +48,9 @@ TPU_RESOURCE = "google.com/tpu"
 """Kubernetes extended resource a TPU pod requests (chips on its host)."""
 GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
 GKE_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+GKE_SPOT_LABEL = "cloud.google.com/gke-spot"  # "true" on every Spot VM node
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+"""Kubernetes' well-known node label: the machine type (tells 2x4 on -4t from -8t hosts)."""
 TPU_TAINT_KEY = "google.com/tpu"
 """GKE taints TPU nodes ``google.com/tpu=present:NoSchedule``."""
 MULTI_HOST_CHIPS_PER_HOST = 4
@@ -110,8 +113,7 @@ class Generation:
     """Whether GKE offers flex-start provisioning for this generation (not for v4)."""
     min_python: tuple[int, int] | None = None
     """Oldest Python of a worker image whose jax[tpu] runs this generation (None: any)."""
-    runtime_note: str = ""
-    """Why (the source), for error messages."""
+    runtime_note: str = ""  # why min_python (the source), for error messages
     cube_rule: bool = False
     """3D generations: beyond ``multi_host``, every ``AxBxC`` with A<=B<=C multiples of 4."""
     aliases: tuple[str, ...] = ()
@@ -348,6 +350,13 @@ class SliceShape:
     def node_selector(self) -> dict[str, str]:
         """The two GKE node labels a pod of this slice must select."""
         return {GKE_ACCELERATOR_LABEL: self.gke_accelerator, GKE_TOPOLOGY_LABEL: self.topology}
+
+    def node_labels(self, *, spot: bool) -> dict[str, str]:
+        """Labels every host of this slice carries (a Kueue ResourceFlavor's ``nodeLabels``)."""
+        labels = {**self.node_selector, INSTANCE_TYPE_LABEL: self.machine_type}
+        if spot:
+            labels[GKE_SPOT_LABEL] = "true"
+        return labels
 
     @property
     def name(self) -> str:

@@ -46,6 +46,9 @@ class CrdSet:
     default_dir: Path
     report_unknown: bool = False
     """Report fields the schema does not know (the API server would drop them silently)."""
+    body_kinds: frozenset[str] = frozenset()
+    """Kinds without a ``spec`` (Kueue's WorkloadPriorityClass: ``value``, ``description``):
+    their own fields, less apiVersion/kind/metadata, are validated instead."""
 
     @property
     def group(self) -> str:
@@ -96,7 +99,13 @@ class CrdSet:
         kind = obj.get("kind")
         if not isinstance(kind, str) or kind not in self.kinds:
             return [*errors, f"kind: {kind!r} is not valid; valid: {', '.join(self.kinds)}"]
+        if kind in self.body_kinds:
+            body = {k: v for k, v in obj.items() if k not in _OBJECT_KEYS}
+            return errors + [e.removeprefix("spec.") for e in self.validate_spec(kind, body)]
         return errors + self.validate_spec(kind, obj.get("spec"))
+
+
+_OBJECT_KEYS = ("apiVersion", "kind", "metadata")
 
 
 @functools.cache
@@ -118,7 +127,11 @@ def _spec_schema(crds: CrdSet, kind: str, directory: str) -> dict[str, Any]:
     versions = [v for v in crd["spec"]["versions"] if v["name"] == crds.version]
     if not versions:
         raise CrdsMissingError(f"{path} has no {crds.version} version")
-    return versions[0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    schema = versions[0]["schema"]["openAPIV3Schema"]
+    if kind in crds.body_kinds:
+        properties = {k: v for k, v in schema["properties"].items() if k not in _OBJECT_KEYS}
+        return {**schema, "properties": properties}
+    return schema["properties"]["spec"]
 
 
 @functools.cache

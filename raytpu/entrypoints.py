@@ -14,9 +14,9 @@ from pathlib import Path
 from raytpu.catalog import MULTI_HOST_CHIPS_PER_HOST, SliceShape
 
 _REPO_ROOT = Path(__file__).resolve().parents[1]
-WORKER_EXCLUDED_DEPENDENCIES = ("ray", "pulumi")
+WORKER_EXCLUDED_DEPENDENCIES = ("ray", "pulumi", "fake-gcs-server")
 """Requirements never put in a worker image or runtime env: Ray is the image's own, Pulumi runs
-on your laptop."""
+on your laptop, and the GCS emulator stands in for the bucket only on your laptop."""
 
 TRAIN_COMMAND = ("python", "-m", "raytpu_cli", "train")
 """The training driver: ``raytpu train`` (:mod:`raytpu_cli.train`), which the worker image ships."""

@@ -26,6 +26,7 @@ from typing import Any
 from raytpu_cli.check_inputs import InputError, read_resources
 
 CRD_POLICY = "kuberay-crd-schema"
+KUEUE_CRD_POLICY = "kueue-crd-schema"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +49,7 @@ def not_checked(resources: list[Any]) -> dict[str, list[str]]:
         return (
             type_ == RESOURCE_POLICY  # read by the stack-wide slice rules
             or ray_kind(type_) is not None
+            or _kueue_kind(type_) is not None
             or any(spec.kind != "stack" and spec.applies_to(type_) for spec in POLICIES)
         )
 
@@ -58,22 +60,36 @@ def not_checked(resources: list[Any]) -> dict[str, list[str]]:
     return found
 
 
+def _kueue_kind(type_: str) -> str | None:
+    """The Kueue kind of a ``kubernetes:kueue.x-k8s.io/<version>:<Kind>`` type we validate."""
+    from raytpu import kueue
+
+    if not type_.startswith(f"kubernetes:{kueue.KUEUE.group}/"):
+        return None
+    kind = type_.rsplit(":", 1)[-1]
+    return kind if kind in kueue.KUEUE.kinds else None
+
+
 def crd_violations(resources: list[Any]) -> list[Any]:
-    """KubeRay objects the API server would reject (schema errors from the CRDs)."""
+    """KubeRay and Kueue objects the API server would reject (schema errors from the CRDs)."""
     from policies.model import ray_kind
     from policies.pack import Violation
     from policies.values import plain
-    from raytpu import crds
+    from raytpu import crds, kueue
 
     violations = []
     for resource in resources:
-        if ray_kind(resource.type) is None:
+        if ray_kind(resource.type) is not None:
+            policy, validate = CRD_POLICY, crds.validate_object
+        elif _kueue_kind(resource.type) is not None:
+            policy, validate = KUEUE_CRD_POLICY, kueue.validate_object
+        else:
             continue
         props = plain(resource.props)
         if _has_unknown(props):
             continue  # a preview's unknown values cannot be schema-checked yet
-        for error in crds.validate_object(dict(props)):
-            violations.append(Violation(CRD_POLICY, "mandatory", error, resource))
+        for error in validate(dict(props)):
+            violations.append(Violation(policy, "mandatory", error, resource))
     return violations
 
 

@@ -1,8 +1,10 @@
 """The main job: train and serve on a simulated TPU slice cluster built from a stack's config.
 
-Starts the local slice cluster for the stack's training and serving slices, reserves the
-training slice, trains the byte-level LM through JaxTrainer (checkpointing with Orbax), deploys
-the Ray Serve app on the serving slice, sends a few requests, and prints a summary.
+Starts a GCS emulator in place of the stack's checkpoint bucket and the local slice cluster for
+the stack's training and serving slices (each simulated host in its own folder), reserves the
+training slice, trains the byte-level LM through JaxTrainer (every host writing its Orbax shards
+to ``gs://``), deploys the Ray Serve app on the serving slice (loading from ``gs://``), sends a
+few requests, and prints a summary.
 
 Example:
   raytpu demo                 # the dev stack, about 3-4 minutes on 2 cores
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import sys
 import tempfile
 import time
@@ -36,6 +37,9 @@ from workloads.train import TrainConfig, TrainingError, TrainProgress, TrainResu
 if TYPE_CHECKING:
     from workloads.local_cluster import LocalSliceCluster
 
+DEMO_BUCKET = "raytpu-demo"
+DEMO_RUN = "demo"
+"""The demo checkpoints to gs://raytpu-demo/demo on the emulator (a stack: gs://BUCKET/<run>)."""
 PROMPTS = (
     "The old teacher",
     "Where did the captain go",
@@ -51,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--serve-slice", help="default: the slice of the stack's first RayService")
     parser.add_argument("--steps", type=int, default=80, help="training steps (default 80)")
     parser.add_argument("--checkpoint-every", type=int, default=40)
-    parser.add_argument("--workdir", help="checkpoints and Ray Train results (default: a temp dir)")
+    parser.add_argument("--workdir", help="where demo.log goes (default: a temp dir)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument(
         "--verbose",
@@ -94,10 +98,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="raytpu-demo-"))
-    checkpoint_dir = workdir / "checkpoints"
-    if checkpoint_dir.exists():
-        shutil.rmtree(checkpoint_dir)  # the demo always trains from scratch
-    config = replace(config, checkpoint_dir=str(checkpoint_dir))
+    # The stack's checkpoint bucket, played by a fresh GCS emulator: the demo trains from scratch.
+    config = replace(config, checkpoint_dir=f"gs://{DEMO_BUCKET}/{DEMO_RUN}")
     log_path = workdir / "demo.log"
     print(
         f"[demo] Ray and JAX logs: {log_path}"
@@ -168,13 +170,15 @@ class DemoRun:
 
     def run(self) -> tuple[list[tuple[str, str]], bool, bool]:
         from workloads import serve as serving
+        from workloads.gcs_emulator import GcsEmulator
         from workloads.local_cluster import LocalSliceCluster, free_port
 
         console, train, serve_slice = self.console, self.train, self.serve_slice
         console.phase(f"[demo] stack {self.args.stack}: {describe_hosts([train, serve_slice])}")
         self.phase_name = "cluster start"
-        self.cluster = LocalSliceCluster([train, serve_slice])
         with contextlib.ExitStack() as stack:
+            gcs = stack.enter_context(GcsEmulator((DEMO_BUCKET,)))
+            self.cluster = LocalSliceCluster([train, serve_slice], env=gcs.env)
             with console.progress(counted=False) as bar:
                 task = bar.add_task("starting the simulated slice cluster", total=None, detail="")
                 stack.enter_context(self.cluster)
@@ -212,12 +216,7 @@ class DemoRun:
                 seen.append(progress)
                 bar.update(task, completed=progress.step, detail=_progress_text(progress))
 
-            result = run_training(
-                self.train.shape,
-                self.config,
-                storage_path=str(Path(self.config.checkpoint_dir).parent / "ray_results"),
-                on_progress=show,
-            )
+            result = run_training(self.train.shape, self.config, on_progress=show)
             last = f"loss {result.last_loss:.3f}"
             if seen:  # the speed as the workers last reported it
                 last = _progress_text(replace(seen[-1], loss=result.last_loss))
@@ -245,7 +244,8 @@ def _summary(
         ("hosts / chips", f"{train.shape.hosts} hosts x {train.shape.chips_per_host} chips"),
         (
             "placement",
-            f"reserved {', '.join(result.slice_names)} in {result.placement_wait_s:.1f} s",
+            f"workers ran on {_hosts_text(result)} (free slice found in "
+            f"{result.placement_wait_s:.1f} s)",
         ),
         (
             "jax processes / devices",
@@ -253,7 +253,11 @@ def _summary(
         ),
         ("steps", f"{result.resumed_from} -> {result.final_step} in {result.seconds:.0f} s"),
         ("loss first -> last", f"{result.first_loss:.3f} -> {result.last_loss:.3f}"),
-        ("checkpoint", f"{result.checkpoint_dir} (latest step {result.latest_checkpoint})"),
+        (
+            "checkpoint",
+            f"{result.checkpoint_dir} (latest step {result.latest_checkpoint}; the bucket is a "
+            "local GCS emulator, every host wrote its own shards)",
+        ),
         ("serving slice", f"{serve_slice.name}: {serve_slice.shape.name}"),
         ("serve deploy", f"{handle.deploy_s:.1f} s at {handle.url}"),
     ]
@@ -272,6 +276,15 @@ def _summary(
     fell = result.last_loss < 0.75 * result.first_loss
     ok = fell and all(r.status == 200 for _, r in replies) and bad.status == 400
     return rows, ok, fell
+
+
+def _hosts_text(result: TrainResult) -> str:
+    """``train-0 hosts 0, 1`` from the workers' own placements."""
+    parts = []
+    for name in result.slice_names:
+        ids = sorted(p.tpu_worker_id for p in result.placements if p.slice_name == name)
+        parts.append(f"{name} hosts {', '.join(map(str, ids))}")
+    return "; ".join(parts)
 
 
 def _ask(

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("raytpu_cli.check", "check manifests / Pulumi stack files against the policy pack"),
     "preview": ("raytpu_cli.preview", "run a stack offline under mocks and apply the policy pack"),
     "submit": ("raytpu_cli.submit", "submit train/serve/any job to a stack's Ray cluster"),
+    "quota": ("raytpu_cli.quota", "TPU quotas per team and shape, against the node pools"),
     "demo": ("raytpu_cli.demo", "train and serve on a simulated TPU slice cluster"),
     "train": ("raytpu_cli.train", "train the LM on a stack's TPU slice (JaxTrainer)"),
     "serve": ("raytpu_cli.serve", "serve the latest checkpoint with Ray Serve"),
@@ -37,7 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "open a stack's Ray Dashboard through kubectl port-forward",
     ),
 }
-READS_PROJECT = ("preview", "submit", "demo", "train", "serve")
+READS_PROJECT = ("preview", "submit", "demo", "train", "serve", "quota")
 """Commands that read the Pulumi project of the current directory (or of --cwd)."""
 
 

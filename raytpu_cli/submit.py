@@ -7,6 +7,7 @@ Examples:
   raytpu submit --stack dev --cluster train -- python -m raytpu_cli catalog v6e 2x4 --json
   raytpu submit --stack dev --cluster train serve
   raytpu submit --stack dev --run exp2 train        # checkpoints in gs://BUCKET/exp2
+  raytpu submit --stack prod --queue research --priority high train --steps 1000 | kubectl create -f -
 
 `train` keeps its checkpoints in the stack's bucket, gs://BUCKET/<run> (run: --run, default the
 RayCluster's name); a RayService serves gs://BUCKET/<its checkpointRun> (default `train`).
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from raytpu import entrypoints, project, stack_outputs
 from raytpu.stack_outputs import StackOutputs, StackOutputsError
-from raytpu_cli import failure
+from raytpu_cli import failure, queued_job
 from raytpu_cli.jobs import (
     DEFAULT_ADDRESS,
     DEFAULT_JOB_TIMEOUT_S,
@@ -81,6 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="environment variable for the job, e.g. RAYTPU_CHECKPOINT_DIR=gs://BUCKET/ckpt "
         "(repeatable)",
     )
+    queued_job.add_arguments(parser)  # --queue, --priority, --name: a RayJob for Kueue
     parser.add_argument(
         "--run",
         help="training run name: checkpoints go to gs://<checkpointBucket>/RUN (default: the "
@@ -126,6 +128,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.queue or args.priority:
+        if not args.queue:
+            print("error: --priority: needs --queue (a team's queue)", file=sys.stderr)
+            return 2
+        return queued_job.run(args, job, raw)
     try:
         env = parse_env(args.env)
     except ValueError as error:

@@ -51,6 +51,7 @@ from raytpu.ray_names import (
     LABEL_TOPOLOGY,
     LABEL_WORKER_ID,
 )
+from workloads.local_processes import kill_cluster_processes, signals_deferred, token_auth
 
 logger = logging.getLogger(__name__)
 
@@ -312,7 +313,7 @@ class LocalSliceCluster:
         """
         import ray
 
-        with _signals_deferred():
+        with signals_deferred():
             cluster, self._cluster = self._cluster, None
             with contextlib.suppress(Exception):
                 if self._connect and ray.is_initialized():
@@ -427,105 +428,6 @@ class LocalSliceCluster:
             }
             for host in self.hosts
         ]
-
-
-AUTH_MODE_ENV = "RAY_AUTH_MODE"
-AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
-
-
-@contextlib.contextmanager
-def token_auth() -> Iterator[bool]:
-    """Within the block, local clusters run with Ray's token authentication, as Ray 2.59+ does
-    for ``ray.init()``; yields whether it is on.
-
-    Unless ``RAY_AUTH_MODE`` is set explicitly (``disabled`` opts out), this process gets
-    ``RAY_AUTH_MODE=token`` and a random ``RAY_AUTH_TOKEN`` in its environment (the nodes it
-    starts inherit them, as KubeRay injects them into every pod; nothing is written to a shared
-    disk). Both are taken back at the end, so later Ray use in this process is as before.
-    """
-    mode = os.environ.get(AUTH_MODE_ENV)
-    if mode is not None:
-        yield mode.lower() == "token"
-        return
-    import secrets
-
-    previous_token = os.environ.get(AUTH_TOKEN_ENV)
-    os.environ[AUTH_MODE_ENV] = "token"
-    os.environ[AUTH_TOKEN_ENV] = previous_token or secrets.token_hex(32)
-    _reload_ray_auth()
-    try:
-        yield True
-    finally:
-        os.environ.pop(AUTH_MODE_ENV, None)
-        if previous_token is None:
-            os.environ.pop(AUTH_TOKEN_ENV, None)
-        _reload_ray_auth()
-
-
-def _reload_ray_auth() -> None:
-    """Ray caches its config and token at import: make this process see the current env."""
-    from ray._raylet import AuthenticationTokenLoader, Config
-
-    Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()
-
-
-def kill_cluster_processes(gcs_address: str, *, timeout_s: float = 10.0) -> int:
-    """Kill every process (but this one) of the cluster at ``gcs_address``; how many were killed.
-
-    The cluster's own processes name the address (GCS and raylets in their command line, workers
-    in ``RAY_ADDRESS``); the agents a raylet starts carry neither (``ray::DashboardAgent``), so
-    they are found as descendants. The marked processes are stopped (SIGSTOP) before their
-    descendants are listed, so that none starts another process in between, then all are killed.
-    """
-    import psutil
-
-    def marked(proc: psutil.Process) -> bool:
-        try:
-            if gcs_address in " ".join(proc.cmdline()):
-                return True
-            return proc.environ().get("RAY_ADDRESS") == gcs_address
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            return False
-
-    me = os.getpid()
-    roots = [p for p in psutil.process_iter() if p.pid != me and marked(p)]
-    victims: dict[int, psutil.Process] = {}
-    for proc in roots:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.suspend()
-            victims[proc.pid] = proc
-    for proc in roots:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            victims.update((c.pid, c) for c in proc.children(recursive=True) if c.pid != me)
-    for proc in victims.values():
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    psutil.wait_procs(list(victims.values()), timeout=timeout_s)
-    if victims:
-        logger.info("killed %d processes of cluster %s", len(victims), gcs_address)
-    return len(victims)
-
-
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """SIGINT/SIGTERM during the block are remembered, not raised: cleanup runs to the end."""
-    if os.name != "posix":
-        yield
-        return
-    caught: list[int] = []
-    previous: dict[int, Any] = {}
-    with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, lambda n, _f: caught.append(n))
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            with contextlib.suppress(ValueError, TypeError):
-                signal.signal(signum, handler)
-        if caught:
-            logger.warning("deferred %s while stopping", signal.Signals(caught[0]).name)
 
 
 @contextlib.contextmanager

@@ -39,6 +39,8 @@ _RAY_OBJECT_KEYS = (
     "image",
     "head",
     "worker",
+    "team",
+    "priority",
 )
 _DEFAULT_HEAD = WorkerResources(cpu="2", memory="8Gi")
 _DEFAULT_WORKER = WorkerResources(cpu="8", memory="32Gi")
@@ -85,6 +87,9 @@ def _parse_ray_common(
         image = False
     head = resources(s, "head", _DEFAULT_HEAD)
     worker = resources(s, "worker", _DEFAULT_WORKER)
+    # Checked against ray-tpu:teams / priorityClasses in infra.config.teams.
+    team = s.get("team", str, None, valid=name_valid(40), check=name_check(40))
+    priority = s.get("priority", str, None, valid=name_valid(63), check=name_check(63))
     values = (name, slice_name, replicas, min_replicas, max_replicas, namespace, image)
     if any(v is None for v in values[:-1]) or image is False or known is None:
         return None
@@ -98,6 +103,8 @@ def _parse_ray_common(
         "image": image,
         "head": head,
         "worker": worker,
+        "team": team,
+        "priority": priority,
     }
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
+from infra.config.team_schema import PriorityClassConfig, TeamConfig
 from raytpu.catalog import SliceShape
 
 NAMESPACE = "ray-tpu"
@@ -114,6 +115,10 @@ class RayClusterConfig:
     """Overrides ``ray-tpu:rayImage`` for this object."""
     head: WorkerResources
     worker: WorkerResources
+    team: str | None = field(default=None, kw_only=True)
+    """A ``ray-tpu:teams`` name (default: the team whose namespace this is, if any)."""
+    priority: str | None = field(default=None, kw_only=True)
+    """A ``ray-tpu:priorityClasses`` name (default: the team's priority)."""
 
 
 @dataclass(frozen=True)
@@ -228,6 +233,9 @@ class StackConfig:
         """``REGION-docker.pkg.dev/PROJECT/REPOSITORY``: where the worker image is pushed."""
         repository = self.image.repository if self.image else "ray-tpu"
         return f"{self.region}-docker.pkg.dev/{self.project}/{repository}"
+    teams: tuple[TeamConfig, ...] = ()
+    """Teams sharing the slices through Kueue (docs/governance.md)."""
+    priority_classes: tuple[PriorityClassConfig, ...] = ()
 
     def slice(self, name: str) -> SliceConfig:
         for candidate in self.slices:
@@ -243,4 +251,5 @@ class StackConfig:
     def namespaces(self) -> tuple[str, ...]:
         """Kubernetes namespaces the Ray objects live in, in order of first use."""
         objs = (*self.ray_clusters, *self.ray_services, *self.ray_jobs)
-        return tuple(dict.fromkeys(o.namespace for o in objs))
+        used = [*(o.namespace for o in objs), *(t.namespace for t in self.teams)]
+        return tuple(dict.fromkeys(used))

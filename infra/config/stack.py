@@ -21,6 +21,7 @@ from infra.config.schema import (
 from infra.config.security import parse_security
 from infra.config.slices import parse_slice
 from infra.config.storage import parse_storage
+from infra.config.teams import check_team_objects, parse_priority_classes, parse_teams
 from infra.config.values import (
     FLEX_START_TPU_GKE_VERSION,
     PROJECT_RE,
@@ -46,6 +47,8 @@ _TOP_KEYS = (
     "pythonVersion",
     "security",
     "storage",
+    "teams",
+    "priorityClasses",
 )
 
 
@@ -220,6 +223,16 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
 
     security = parse_security(problems, raw.get(f"{NAMESPACE}:security"))
 
+    priorities = parse_priority_classes(problems, raw.get(f"{NAMESPACE}:priorityClasses"))
+    teams = parse_teams(problems, raw.get(f"{NAMESPACE}:teams"), by_name, priorities)
+    check_team_objects(
+        problems,
+        teams,
+        priorities,
+        by_name,
+        _object_paths(raw, SECTIONS, (clusters, services, jobs)),
+    )
+
     if problems.errors:
         raise ConfigError(problems.errors)
     assert project and region and cluster and ray_version and image and security  # no errors
@@ -237,6 +250,8 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
         ray_clusters=tuple(clusters),
         ray_services=tuple(services),
         ray_jobs=tuple(jobs),
+        teams=teams,
+        priority_classes=priorities,
     )
 
 
@@ -307,6 +322,17 @@ def _check_runtime(
             f"ray-tpu:pythonVersion '{wanted}' and build the Dockerfile with "
             f"--build-arg PYTHON_TAG=py{wanted.replace('.', '')}",
         )
+
+
+def _object_paths(raw: Mapping[str, Any], sections: Any, parsed: Any) -> list[tuple[str, Any]]:
+    """(key path, object) of every parsed Ray object, its index from the raw list."""
+    found = []
+    for (key, _), objects in zip(sections, parsed, strict=True):
+        items = raw.get(f"{NAMESPACE}:{key}") or []
+        names = [i.get("name") if isinstance(i, Mapping) else None for i in items]
+        for obj in objects:
+            found.append((f"{NAMESPACE}:{key}[{names.index(obj.name)}]", obj))
+    return found
 
 
 def project_root() -> Path:
