@@ -24,6 +24,10 @@ from raytpu import project
 from raytpu.catalog import CatalogError, SliceShape, shape
 
 DEFAULT_CHECKPOINT_DIR = os.environ.get("RAYTPU_CHECKPOINT_DIR", "/tmp/raytpu/checkpoints")
+LOCAL_BUCKET = "raytpu-local"
+LOCAL_GCS_DIR = Path("/tmp/raytpu/gcs")
+"""``--local``: the GCS emulator keeps ``gs://`` objects here between commands (a ``gs://`` path
+of a train run is where the serve command finds it)."""
 
 
 class UsageError(ValueError):
@@ -165,16 +169,31 @@ def _stderr(line: str) -> None:
 
 @contextlib.contextmanager
 def ray_cluster(
-    args: argparse.Namespace, slices: list[SliceChoice], *, log: Any = print
+    args: argparse.Namespace,
+    slices: list[SliceChoice],
+    *,
+    log: Any = print,
+    storage: tuple[str, ...] = (),
 ) -> Iterator[Any]:
-    """``--local``: the simulated cluster of ``slices``; otherwise connect to ``--address``."""
+    """``--local``: the simulated cluster of ``slices``; otherwise connect to ``--address``.
+
+    ``storage``: the run's folders; for ``--local`` each ``gs://BUCKET/...`` among them is served
+    by a GCS emulator that keeps its objects in :data:`LOCAL_GCS_DIR` between commands."""
     import ray
 
     if args.local:
+        from workloads.gcs_emulator import GcsEmulator
         from workloads.local_cluster import LocalSliceCluster
 
-        log(f"starting the simulated slice cluster: {describe_hosts(slices)}")
-        with LocalSliceCluster(slices) as cluster:
+        buckets = tuple(sorted({d[5:].split("/")[0] for d in storage if d.startswith("gs://")}))
+        with contextlib.ExitStack() as stack:
+            env: dict[str, str] = {}
+            if buckets:
+                gcs = stack.enter_context(GcsEmulator(buckets, data_dir=LOCAL_GCS_DIR))
+                env = dict(gcs.env)
+                log(f"gs://{', gs://'.join(buckets)}: a GCS emulator keeping {LOCAL_GCS_DIR}")
+            log(f"starting the simulated slice cluster: {describe_hosts(slices)}")
+            cluster = stack.enter_context(LocalSliceCluster(slices, env=env))
             log(f"cluster up in {cluster.start_seconds:.1f} s at {cluster.address}")
             yield cluster
         return

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     port = args.port or free_port()
     try:
-        with ray_cluster(args, [chosen]):
+        with ray_cluster(args, [chosen], storage=(args.checkpoint_dir,)):
             handle = serving.deploy(application, port=port, timeout_s=args.deploy_timeout)
             print(f"serving {args.checkpoint_dir} at {handle.url} ({handle.deploy_s:.1f} s)")
             try:

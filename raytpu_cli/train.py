@@ -1,11 +1,15 @@
 """Train the byte-level LM on a TPU slice from a stack's config, through Ray Train's JaxTrainer.
 
 Examples:
-  raytpu train --stack dev --slice train --local --steps 60
+  raytpu train --stack dev --slice train --local --steps 60 --checkpoint-dir gs://raytpu-local/ck
   raytpu train --stack dev --slice train --address ray://ray-head:10001 --checkpoint-dir gs://b/ck
   python -m raytpu_cli train --generation v6e --topology 2x4 --machine-type ct6e-standard-4t
 
 Without --local or --address it joins the Ray cluster it runs in (inside a RayJob).
+
+A slice of more than one host needs a ``gs://`` checkpoint directory (each host writes its own
+shards and sees only its own disk); with --local a GCS emulator serves it, keeping the objects in
+/tmp/raytpu/gcs for a later ``raytpu serve --local --checkpoint-dir`` of the same path.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import sys
 from raytpu_cli import failure
 from raytpu_cli.common import (
     DEFAULT_CHECKPOINT_DIR,
+    LOCAL_BUCKET,
     UsageError,
     add_slice_arguments,
     check_seconds,
@@ -23,6 +28,7 @@ from raytpu_cli.common import (
     ray_cluster,
     resolve_slice,
 )
+from workloads.storage import require_shared
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,11 +68,17 @@ def run(args: argparse.Namespace) -> int:
         check_seconds("--reserve-timeout", args.reserve_timeout)
         check_seconds("--start-timeout", args.start_timeout)
         check_writable_dir("--checkpoint-dir", args.checkpoint_dir)
+        processes = chosen.shape.workers() * args.num_slices
+        try:
+            require_shared("--checkpoint-dir", args.checkpoint_dir, processes)
+        except ValueError as error:
+            hint = f" (with --local: gs://{LOCAL_BUCKET}/NAME)" if args.local else ""
+            raise UsageError(f"{error}{hint}") from None
     except (UsageError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
-        with ray_cluster(args, [chosen]):
+        with ray_cluster(args, [chosen], storage=(args.checkpoint_dir,)):
             result = run_training(
                 chosen.shape,
                 config,

@@ -83,10 +83,14 @@ class LocalRay:
     ) -> None:
         """Join a worker node (a simulated TPU host) and wait until it is alive.
 
-        A node that dies while starting (a port taken meanwhile, a slow agent) is started again
-        on new ports, at most :data:`ATTEMPTS` times.
+        The host gets a folder of its own, as a TPU VM has its own disk: its working directory,
+        ``TMPDIR`` and Ray temp folder. A node that dies while starting (a port taken meanwhile,
+        a slow agent) is started again on new ports, at most :data:`ATTEMPTS` times.
         """
         wanted = self.alive_nodes() + 1
+        host_dir = self.temp_dir / f"h{len(self.processes)}"
+        for sub in ("work", "tmp", "ray"):
+            (host_dir / sub).mkdir(parents=True, exist_ok=True)
         for attempt in range(1, ATTEMPTS + 1):
             process, log = _start(
                 [
@@ -97,9 +101,11 @@ class LocalRay:
                     "--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()),
                     *_agent_port_args(),
                     "--object-store-memory=100000000",
+                    f"--temp-dir={host_dir / 'ray'}",
                 ],
                 self.temp_dir / f"node-{len(self.processes)}-{attempt}.log",
-                {**env, **_auth_env(self.token)},
+                {**env, "TMPDIR": str(host_dir / "tmp"), **_auth_env(self.token)},
+                cwd=host_dir / "work",
             )
             self.processes.append((process, log))
             try:
@@ -169,7 +175,10 @@ def _agent_port_args() -> list[str]:
 
 
 def _start(
-    args: list[str], log: Path, extra_env: Mapping[str, str] | None = None
+    args: list[str],
+    log: Path,
+    extra_env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> tuple[subprocess.Popen[bytes], Path]:
     # Jobs run `python ...`: as in the Ray image, the Python that runs Ray comes first on PATH.
     path = f"{RAY.parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -183,6 +192,7 @@ def _start(
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
+            cwd=cwd,
             start_new_session=True,
         )
     return process, log

@@ -2,7 +2,10 @@
 local Ray cluster shaped like the dev stack's ``train`` slice (v6e 2x4 on 4-chip hosts: two
 simulated TPU hosts, each a Ray worker node with ``TPU: 4`` and the slice's labels).
 
-The same CLI and client code as against GKE; only the head address differs (no port-forward).
+The same CLI and client code as against GKE; only the head address differs (no port-forward), and
+the stack's checkpoint bucket is a GCS emulator: with no ``--checkpoint-dir``, training writes to
+``gs://BUCKET/train`` (the bucket from the stack outputs, the run named after the RayCluster) and
+Serve loads from there. Each simulated host has its own folder (working dir, TMPDIR, Ray temp).
 Slow (a Ray head, two hosts and a JaxTrainer run): marked ``ray``.
 """
 
@@ -21,10 +24,13 @@ from delivery_ray_nodes import LocalRay, free_ports, local_ray
 
 from raytpu import catalog
 from raytpu_cli import main as cli
+from workloads.gcs_emulator import GcsEmulator, GcsEmulatorError
 from workloads.local_cluster import host_specs
 
 SHAPE = catalog.shape("v6e", "2x4", machine_type="ct6e-standard-4t")
 JOB_TIMEOUT_S = 420.0
+BUCKET = "ray-tpu-dev-ckpt"
+CHECKPOINTS = f"gs://{BUCKET}/train"
 
 
 class _Slice:
@@ -35,7 +41,20 @@ class _Slice:
 
 
 @pytest.fixture(scope="module")
-def slice_cluster() -> Iterator[LocalRay]:
+def gcs() -> Iterator[GcsEmulator]:
+    emulator = GcsEmulator((BUCKET,))
+    try:
+        emulator.start()  # its environment reaches every node started after this
+    except GcsEmulatorError as error:
+        pytest.skip(f"the GCS emulator (fake-gcs-server) cannot start here: {error}")
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+@pytest.fixture(scope="module")
+def slice_cluster(gcs: GcsEmulator) -> Iterator[LocalRay]:
     with local_ray() as cluster:
         # One host at a time: Ray gives a joining node 30 s to register, and this machine is
         # shared; two raylets starting together on 2 busy cores can miss that.
@@ -61,6 +80,7 @@ def dev_outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "rayClusters": {
             "train": {"namespace": "ray", "slice": "train", "headService": "train-head-svc"}
         },
+        "checkpointBucket": BUCKET,
     }
     path = tmp_path_factory.mktemp("outputs") / "dev-outputs.json"
     path.write_text(json.dumps(outputs))
@@ -83,13 +103,9 @@ def _raytpu(*argv: str) -> CliRun:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("train") / "checkpoints"
-
-
-@pytest.fixture(scope="module")
-def trained(slice_cluster: LocalRay, dev_outputs: Path, checkpoints: Path) -> CliRun:
-    """One ``raytpu submit train`` run on the simulated slice (shared by the tests below)."""
+def trained(slice_cluster: LocalRay, dev_outputs: Path) -> CliRun:
+    """One ``raytpu submit train`` run on the simulated slice (shared by the tests below); no
+    ``--checkpoint-dir``: the stack's bucket is the default."""
     return _raytpu(
         "submit",
         "--stack",
@@ -107,27 +123,28 @@ def trained(slice_cluster: LocalRay, dev_outputs: Path, checkpoints: Path) -> Cl
         "8",
         "--checkpoint-every",
         "2",
-        "--checkpoint-dir",
-        str(checkpoints),
     )
 
 
 @pytest.mark.ray
 @pytest.mark.timeout(900)
 def test_submit_train_runs_the_training_workload_on_the_slice(
-    trained: CliRun, checkpoints: Path
+    trained: CliRun, gcs: GcsEmulator
 ) -> None:
     assert trained.code == 0, trained.err[-4000:] + trained.out[-4000:]
-    # Two host processes joined into one mesh over the slice's 8 chips, and a checkpoint.
+    # Two host processes joined into one mesh over the slice's 8 chips, and a checkpoint in the
+    # stack's bucket, with both hosts' shards.
     assert "2 processes / 8 devices" in trained.out
-    assert f"checkpoint {checkpoints} @ 4" in trained.out
+    assert f"checkpoint {CHECKPOINTS} @ 4" in trained.out
     assert "SUCCEEDED" in trained.err
+    shards = {n.split("/")[3] for n in gcs.objects(BUCKET, "train/4/params/ocdbt.process_")}
+    assert shards == {"ocdbt.process_0", "ocdbt.process_1"}
 
 
 @pytest.mark.ray
 @pytest.mark.timeout(900)
 def test_submit_serve_deploys_the_app_on_the_cluster_and_it_answers(
-    slice_cluster: LocalRay, dev_outputs: Path, trained: CliRun, checkpoints: Path
+    slice_cluster: LocalRay, dev_outputs: Path, trained: CliRun
 ) -> None:
     """``raytpu submit serve``: a job runs ``serve run --non-blocking workloads.serve:app``;
     the app stays up after the job and generates from the checkpoint training wrote."""
@@ -150,7 +167,7 @@ def test_submit_serve_deploys_the_app_on_the_cluster_and_it_answers(
         "HeadOnly",
     )
     assert started.code == 0, started.err[-3000:]
-    deployed = _raytpu(*common, "--env", f"RAYTPU_CHECKPOINT_DIR={checkpoints}", "serve")
+    deployed = _raytpu(*common, "--env", f"RAYTPU_CHECKPOINT_DIR={CHECKPOINTS}", "serve")
     assert deployed.code == 0, deployed.err[-4000:] + deployed.out[-4000:]
     assert "serve run --non-blocking workloads.serve:app" in deployed.err
     reply = requests.post(

@@ -32,6 +32,7 @@ from raytpu import errors
 from raytpu import metric_names as mn
 from raytpu_cli import failure
 from raytpu_cli.common import post_json
+from workloads.gcs_emulator import GcsEmulator
 from workloads.local_cluster import LocalSliceCluster, free_port
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -153,7 +154,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     stack = load_stack("dev")
     train, serve_slice = stack.slice("train"), stack.slice("serve")
     produced: dict[str, Any] = {}
-    with LocalSliceCluster(stack.slices) as cluster:
+    with GcsEmulator(("obs",)) as gcs, LocalSliceCluster(stack.slices, env=gcs.env) as cluster:
         assert cluster.address
         targets = [f"127.0.0.1:{n['MetricsExportPort']}" for n in ray.nodes() if n["Alive"]]
         prometheus = Prometheus(targets, workdir)
@@ -172,7 +173,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             except SliceReservationError as error:
                 produced["missized"] = error
             config = TrainConfig(
-                checkpoint_dir=str(workdir / "ck"),
+                checkpoint_dir="gs://obs/ck",
                 steps=6,
                 global_batch=8,
                 checkpoint_every=3,
@@ -180,7 +181,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             )
             produced["trained"] = run_training(train.shape, config)
             nan_config = TrainConfig(
-                checkpoint_dir=str(workdir / "ck-nan"),
+                checkpoint_dir="gs://obs/ck-nan",
                 steps=6,
                 global_batch=8,
                 checkpoint_every=6,

@@ -59,12 +59,21 @@ class GcsEmulator:
 
     ``env`` is what a process (the driver, every simulated host) needs to use it. Within
     ``with``, this process's own environment carries it too; both are taken back at the end.
+    ``data_dir``: keep the objects there, across runs (one folder per bucket); default: a
+    temporary folder deleted at :meth:`stop`.
     """
 
-    def __init__(self, buckets: tuple[str, ...] = ("raytpu-checkpoints",), *, port: int = 0):
+    def __init__(
+        self,
+        buckets: tuple[str, ...] = ("raytpu-checkpoints",),
+        *,
+        port: int = 0,
+        data_dir: Path | None = None,
+    ):
         from workloads.local_cluster import free_port
 
         self.buckets = buckets
+        self.data_dir = data_dir
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen[bytes] | None = None
@@ -78,11 +87,10 @@ class GcsEmulator:
     def start(self) -> GcsEmulator:
         binary = _binary()
         self._root = tempfile.mkdtemp(prefix="raytpu-gcs-")
-        data = Path(self._root, "data")
-        data.mkdir()
+        data = self.data_dir or Path(self._root, "data")
         # A bucket is a folder of the filesystem backend: made before the server scans it.
         for bucket in self.buckets:
-            (data / bucket).mkdir()
+            (data / bucket).mkdir(parents=True, exist_ok=True)
         with Path(self._root, "fake-gcs-server.log").open("wb") as log:
             self._process = subprocess.Popen(
                 [

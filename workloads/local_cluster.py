@@ -281,6 +281,8 @@ class LocalSliceCluster:
                     resources=dict(host.resources),
                     labels=dict(host.labels),
                     temp_dir=str(host_dir / "ray"),
+                    # Its logs are in its own folder: it forwards them itself, as a real host.
+                    include_log_monitor=True,
                     env_vars={
                         **self._env,
                         **host.env,
