@@ -227,15 +227,15 @@ class StackConfig:
     """The checkpoint bucket and the Ray pods' identity (always set by the parser)."""
     image: ImageConfig | None = None
     """The worker image repository and tag (always set by the parser)."""
+    teams: tuple[TeamConfig, ...] = ()
+    """Teams sharing the slices through Kueue (docs/governance.md)."""
+    priority_classes: tuple[PriorityClassConfig, ...] = ()
 
     @property
     def registry(self) -> str:
         """``REGION-docker.pkg.dev/PROJECT/REPOSITORY``: where the worker image is pushed."""
         repository = self.image.repository if self.image else "ray-tpu"
         return f"{self.region}-docker.pkg.dev/{self.project}/{repository}"
-    teams: tuple[TeamConfig, ...] = ()
-    """Teams sharing the slices through Kueue (docs/governance.md)."""
-    priority_classes: tuple[PriorityClassConfig, ...] = ()
 
     def slice(self, name: str) -> SliceConfig:
         for candidate in self.slices:
