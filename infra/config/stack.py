@@ -190,8 +190,10 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
                 + f" add up to {wanted} slices",
             )
 
-    _check_scale_to_zero(problems, slices, [*clusters, *services], raw)
-    _check_runtime(problems, slices, [*clusters, *services, *jobs], image, raw)
+    object_paths = _object_paths(raw, SECTIONS, (clusters, services, jobs))
+    where = {id(obj): path for path, obj in object_paths}
+    _check_scale_to_zero(problems, slices, [*clusters, *services], where)
+    _check_runtime(problems, slices, [*clusters, *services, *jobs], image, raw, where)
 
     flex = [s.name for s in slices if s.provisioning == "flex-start"]
     too_old = cluster is not None and not gke_version_ok(
@@ -230,7 +232,7 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
         teams,
         priorities,
         by_name,
-        _object_paths(raw, SECTIONS, (clusters, services, jobs)),
+        object_paths,
     )
 
     if problems.errors:
@@ -255,17 +257,8 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
     )
 
 
-def _where(obj: Any, raw: Mapping[str, Any]) -> str:
-    """The key path of ``obj`` (a parsed Ray object) in ``raw``: ``ray-tpu:rayClusters[0]``."""
-    for key, _ in SECTIONS:
-        for index, item in enumerate(raw.get(f"{NAMESPACE}:{key}") or []):
-            if isinstance(item, Mapping) and item.get("name") == obj.name:
-                return f"{NAMESPACE}:{key}[{index}]"
-    return f"{NAMESPACE}:{obj.name}"  # pragma: no cover - parsed objects come from raw
-
-
 def _check_scale_to_zero(
-    problems: Problems, slices: list[SliceConfig], objects: list[Any], raw: Mapping[str, Any]
+    problems: Problems, slices: list[SliceConfig], objects: list[Any], where: Mapping[int, str]
 ) -> None:
     """A ``scaleToZero`` slice reaches zero only if no long-lived worker group keeps a replica
     on it: a RayCluster's or RayService's ``minReplicas`` must be 0 there (in-tree autoscaling
@@ -277,7 +270,7 @@ def _check_scale_to_zero(
         for obj in objects:
             if obj.slice == slice_cfg.name and obj.min_replicas > 0:
                 problems.bad(
-                    f"{_where(obj, raw)}.minReplicas",
+                    f"{where[id(obj)]}.minReplicas",
                     obj.min_replicas,
                     "0 (with replicas: 0 and maxReplicas >= 1: Ray's autoscaler adds the slice "
                     "when a job asks for its TPUs)",
@@ -293,6 +286,7 @@ def _check_runtime(
     objects: list[Any],
     stack_image: str | None,
     raw: Mapping[str, Any],
+    where: Mapping[int, str],
 ) -> None:
     """An image whose Python cannot run a generation's jax[tpu] (tpu7x: 3.12) is refused on
     that generation's slices."""
@@ -307,7 +301,7 @@ def _check_runtime(
             continue
         wanted = ".".join(str(p) for p in gen.min_python)
         if obj.image:
-            path, value = f"{_where(obj, raw)}.image", image
+            path, value = f"{where[id(obj)]}.image", image
         elif f"{NAMESPACE}:rayImage" in raw:
             path, value = f"{NAMESPACE}:rayImage", image
         else:
@@ -325,7 +319,8 @@ def _check_runtime(
 
 
 def _object_paths(raw: Mapping[str, Any], sections: Any, parsed: Any) -> list[tuple[str, Any]]:
-    """(key path, object) of every parsed Ray object, its index from the raw list."""
+    """(key path, object) of every parsed Ray object, its index from the raw list:
+    ``ray-tpu:rayClusters[0]``."""
     found = []
     for (key, _), objects in zip(sections, parsed, strict=True):
         items = raw.get(f"{NAMESPACE}:{key}") or []
