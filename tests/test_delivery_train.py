@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 import requests
 from delivery_ray_nodes import LocalRay, free_ports, local_ray
+from gcs_fixture import gcs_or_skip
 
 from raytpu import catalog
 from raytpu_cli import main as cli
-from workloads.gcs_emulator import GcsEmulator, GcsEmulatorError
+from workloads.gcs_emulator import GcsEmulator
 from workloads.local_cluster import host_specs
 
 SHAPE = catalog.shape("v6e", "2x4", machine_type="ct6e-standard-4t")
@@ -42,15 +43,9 @@ class _Slice:
 
 @pytest.fixture(scope="module")
 def gcs() -> Iterator[GcsEmulator]:
-    emulator = GcsEmulator((BUCKET,))
-    try:
-        emulator.start()  # its environment reaches every node started after this
-    except GcsEmulatorError as error:
-        pytest.skip(f"the GCS emulator (fake-gcs-server) cannot start here: {error}")
-    try:
+    """The stack's checkpoint bucket, as a real GCS emulator (skips only if it cannot start)."""
+    with gcs_or_skip(BUCKET) as emulator:
         yield emulator
-    finally:
-        emulator.stop()
 
 
 @pytest.fixture(scope="module")

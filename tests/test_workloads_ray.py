@@ -12,11 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import pytest
+from gcs_fixture import gcs_or_skip
 
 from raytpu.catalog import SliceShape, shape
 from raytpu.ray_names import LABEL_SLICE_NAME, LABEL_WORKER_ID
 from raytpu_cli.common import post_json
-from workloads.gcs_emulator import GcsEmulator, GcsEmulatorError
 from workloads.local_cluster import LocalSliceCluster, free_port
 from workloads.reservation import SliceReservationError, reserve_slices
 
@@ -40,15 +40,8 @@ class Slice:
 @pytest.fixture(scope="module")
 def gcs():
     """The stack's checkpoint bucket, as a real GCS emulator (skips only if it cannot start)."""
-    emulator = GcsEmulator((BUCKET,))
-    try:
-        emulator.start()
-    except GcsEmulatorError as error:
-        pytest.skip(f"the GCS emulator (fake-gcs-server) cannot start here: {error}")
-    try:
+    with gcs_or_skip(BUCKET) as emulator:
         yield emulator
-    finally:
-        emulator.stop()
 
 
 @pytest.fixture(scope="module")
