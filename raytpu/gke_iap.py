@@ -73,6 +73,13 @@ def backend_config_refs(annotation: Any) -> dict[str, Any] | None:
     return {"default": parsed.get("default"), "ports": {str(k): v for k, v in ports.items()}}
 
 
+def _is_int(value: Any) -> bool:
+    """An integer, also as the Pulumi engine hands it over (``8090.0``)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
 def _object_problems(manifest: Mapping[str, Any], api: str, kind: str) -> list[str]:
     problems = []
     if manifest.get("apiVersion") != api:
@@ -117,13 +124,19 @@ def validate_backend_config(manifest: Mapping[str, Any]) -> list[str]:
             )
     check = spec.get("healthCheck")
     if check is not None:
-        fields = {"type": str, "requestPath": str, "port": int, "checkIntervalSec": int}
+        fields: dict[str, type] = {
+            "type": str,
+            "requestPath": str,
+            "port": int,
+            "checkIntervalSec": int,
+        }
         if not isinstance(check, Mapping):
             problems.append(f"spec.healthCheck: {check!r} is not valid; valid: a mapping")
         else:
             for key, value in check.items():
                 wanted = fields.get(key)
-                if wanted is None or not isinstance(value, wanted) or isinstance(value, bool):
+                ok = _is_int(value) if wanted is int else isinstance(value, str)
+                if wanted is None or not ok:
                     problems.append(
                         f"spec.healthCheck.{key}: {value!r} is not valid; valid: "
                         + ", ".join(f"{k} ({t.__name__})" for k, t in fields.items())
@@ -133,9 +146,7 @@ def validate_backend_config(manifest: Mapping[str, Any]) -> list[str]:
                     f"spec.healthCheck.type: {check.get('type')!r} is not valid; valid: HTTP, HTTPS, HTTP2"
                 )
     timeout = spec.get("timeoutSec")
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1
-    ):
+    if timeout is not None and (not _is_int(timeout) or timeout < 1):
         problems.append(f"spec.timeoutSec: {timeout!r} is not valid; valid: an integer >= 1")
     return problems
 
