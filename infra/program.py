@@ -8,7 +8,8 @@ Stack outputs (the contract with ``raytpu submit``): ``clusterName``, ``clusterE
 ``rayServices``, ``rayJobs``: :data:`infra.ray_kinds.RAY_KINDS`), ``checkpointBucket`` (the
 bucket training runs write to: ``gs://BUCKET/<run>``), ``rayServiceAccount`` (the Kubernetes
 ServiceAccount of every Ray pod), ``imageRepository`` and ``workerImage`` (where the worker image
-is pushed, and the image the Ray objects run).
+is pushed, and the image the Ray objects run); with ``ray-tpu:security.dashboardIap``,
+``dashboardIap`` (``url``, ``host``, ``address``: where the host's DNS A record points).
 """
 
 from __future__ import annotations
