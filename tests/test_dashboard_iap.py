@@ -519,3 +519,28 @@ def test_gke_object_checks(check: Any, change: dict[str, Any], field: str) -> No
     problems = check(manifest)
     assert any(p.startswith(field) for p in problems), problems
     assert gke_iap.validate_backend_config(GOOD_BACKEND) == []
+
+
+# ----------------------------------------------------------------------------- raytpu check
+def _manifests(iap_enabled: bool) -> list[dict[str, Any]]:
+    """What the program declares for the endpoint, as plain manifests, with IAP on or off."""
+    from infra import dashboard_iap_spec as spec
+
+    iap = parse_config(_raw()).security.dashboard_iap
+    assert iap is not None
+    backend = spec.backend_config(iap)
+    backend["spec"]["iap"]["enabled"] = iap_enabled
+    service = {"apiVersion": "v1", "kind": "Service", **spec.service(iap)}
+    ingress = {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", **spec.ingress(iap, "ip")}
+    return [backend, service, ingress]
+
+
+@pytest.mark.parametrize(("iap_enabled", "code"), [(True, 0), (False, 1)], ids=["iap", "no-iap"])
+def test_raytpu_check_on_manifests(capsys, tmp_path: Path, iap_enabled: bool, code: int) -> None:
+    from raytpu_cli.main import main
+
+    path = tmp_path / "dashboard.yaml"
+    path.write_text(yaml.safe_dump_all(_manifests(iap_enabled)))
+    assert main(["check", str(path)]) == code
+    out = capsys.readouterr().out
+    assert (POLICY in out) == (not iap_enabled), out
