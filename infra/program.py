@@ -8,7 +8,8 @@ Stack outputs (the contract with ``raytpu submit``): ``clusterName``, ``clusterE
 ``rayServices``, ``rayJobs``: :data:`infra.ray_kinds.RAY_KINDS`), ``checkpointBucket`` (the
 bucket training runs write to: ``gs://BUCKET/<run>``), ``rayServiceAccount`` (the Kubernetes
 ServiceAccount of every Ray pod), ``imageRepository`` and ``workerImage`` (where the worker image
-is pushed, and the image the Ray objects run).
+is pushed, and the image the Ray objects run); with ``ray-tpu:security.dashboardIap``,
+``dashboardIap`` (``url``, ``host``, ``address``: where the host's DNS A record points).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from infra.cloud_nat import CloudNat, CloudNatArgs
 from infra.config import StackConfig
 from infra.config.teams import team_of
 from infra.cpu_pool import CpuNodePool, CpuNodePoolArgs
+from infra.dashboard_iap import DashboardIap, DashboardIapArgs
 from infra.gke_cluster import GkeCluster, GkeClusterArgs
 from infra.image_registry import ImageRegistry, ImageRegistryArgs
 from infra.k8s_provider import KubernetesAccess, KubernetesAccessArgs
@@ -157,6 +159,28 @@ def declare(config: StackConfig) -> None:
         ]
         for kind in RAY_KINDS
     }
+
+    iap = config.security.dashboard_iap
+    if iap is not None:  # the Ray Dashboard of one object behind IAP (docs/security.md)
+        (target,) = [
+            o
+            for k, objs in ray_objects.items()
+            if k.kind == iap.kind
+            for o in objs
+            if o.name == iap.name
+        ]
+        dashboard = DashboardIap(
+            f"dashboard-iap-{iap.name}",
+            DashboardIapArgs(
+                project=config.project,
+                cluster_name=cluster_cfg.name,
+                iap=iap,
+                credential=target.credential,
+                provider=access.provider,
+                depends_on=[target],
+            ),
+        )
+        pulumi.export("dashboardIap", dashboard.outputs)
 
     Monitoring(
         "monitoring",

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from policies.model import CLUSTER, NODE_POOL, SERVICE, ResourceLike, is_ingress, ray_kind
 from policies.rules import (
     Advisory,
+    dashboard_iap,
     exposure,
     image,
     kueue,
@@ -214,6 +215,17 @@ POLICIES: tuple[PolicySpec, ...] = (
         rule=_exposure,
         applies_to=_is_exposure_target,
         remediation="Use ClusterIP and kubectl port-forward or IAP to reach the Ray head.",
+    ),
+    PolicySpec(
+        name="ray-dashboard-behind-iap",
+        description=(
+            "A public Ingress reaches a Ray dashboard (its port, or the proxy labelled "
+            "ray-tpu/dashboard-proxy) only through a BackendConfig with spec.iap.enabled; the "
+            "dashboard proxy's Service is never a LoadBalancer."
+        ),
+        kind="stack",
+        rule=dashboard_iap.check_dashboard_ingress,
+        remediation="Use ray-tpu:security.dashboardIap, or annotate the Service with an IAP BackendConfig.",
     ),
     PolicySpec(
         name="ray-token-auth",

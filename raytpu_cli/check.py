@@ -44,10 +44,12 @@ def not_checked(resources: list[Any]) -> dict[str, list[str]]:
     """Resource types no policy and no CRD schema reads: type -> names (reported, not failed)."""
     from policies.model import RESOURCE_POLICY, ray_kind
     from policies.pack import POLICIES
+    from raytpu.gke_iap import BACKEND_CONFIG_API
 
     def checked(type_: str) -> bool:
         return (
             type_ == RESOURCE_POLICY  # read by the stack-wide slice rules
+            or type_ == f"kubernetes:{BACKEND_CONFIG_API}:BackendConfig"  # ... and the IAP rule
             or ray_kind(type_) is not None
             or _kueue_kind(type_) is not None
             or any(spec.kind != "stack" and spec.applies_to(type_) for spec in POLICIES)

@@ -162,6 +162,24 @@ Secret per object, or (explicitly, with a reason) none."""
 
 
 @dataclass(frozen=True)
+class DashboardIapConfig:
+    """``ray-tpu:security.dashboardIap``: one Ray object's dashboard on an HTTPS host behind
+    Identity-Aware Proxy, through an in-cluster proxy that adds the Ray token (docs/security.md)."""
+
+    kind: str
+    """``RayCluster`` or ``RayService`` (a RayJob's cluster is gone when the job ends)."""
+    name: str
+    namespace: str
+    host: str
+    """The DNS name of the endpoint (its ManagedCertificate's only domain)."""
+    members: tuple[str, ...]
+    """IAM principals granted ``roles/iap.httpsResourceAccessor`` for this host only."""
+    oauth_secret: str | None = None
+    """A Secret (``client_id``, ``client_secret``) of a custom OAuth client in ``namespace``;
+    None: IAP's Google-managed OAuth client (users of the organization only)."""
+
+
+@dataclass(frozen=True)
 class SecurityConfig:
     """``ray-tpu:security``: who may talk to Ray's control plane (docs/security.md)."""
 
@@ -171,6 +189,8 @@ class SecurityConfig:
     """Namespaces whose pods (the KubeRay operator) may reach a head's dashboard and Serve ports."""
     scraper_namespaces: tuple[str, ...] = ("gmp-system",)
     """Namespaces whose pods (Managed Prometheus collectors) may reach Ray's metrics port."""
+    dashboard_iap: DashboardIapConfig | None = None
+    """An IAP-protected HTTPS endpoint for one Ray object's dashboard (off when None)."""
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from infra.config.dashboard_iap import parse_dashboard_iap
 from infra.config.reader import Problems, Section, name_check, name_valid
 from infra.config.schema import NAMESPACE, RAY_AUTH_MODES, SecurityConfig
 
-_KEYS = ("rayAuth", "disabledReason", "operatorNamespaces", "scraperNamespaces")
+_KEYS = ("rayAuth", "disabledReason", "operatorNamespaces", "scraperNamespaces", "dashboardIap")
 
 
 def _namespaces(section: Section, key: str, default: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -22,8 +24,11 @@ def _namespaces(section: Section, key: str, default: tuple[str, ...]) -> tuple[s
     return None if value is None else tuple(value)
 
 
-def parse_security(problems: Problems, raw: Any) -> SecurityConfig | None:
-    """Token authentication is on unless ``rayAuth: disabled`` comes with a ``disabledReason``."""
+def parse_security(
+    problems: Problems, raw: Any, ray_objects: Mapping[str, Sequence[Any]] | None = None
+) -> SecurityConfig | None:
+    """Token authentication is on unless ``rayAuth: disabled`` comes with a ``disabledReason``.
+    ``ray_objects`` (parsed Ray objects by kind) are what ``dashboardIap.rayObject`` may name."""
     s = Section(problems, f"{NAMESPACE}:security", raw if raw is not None else {}, _KEYS)
     default = SecurityConfig()
     mode = s.get(
@@ -46,6 +51,13 @@ def parse_security(problems: Problems, raw: Any) -> SecurityConfig | None:
         problems.bad(s.sub("disabledReason"), reason, "unset unless rayAuth is disabled")
     operators = _namespaces(s, "operatorNamespaces", default.operator_namespaces)
     scrapers = _namespaces(s, "scraperNamespaces", default.scraper_namespaces)
+    iap = None
+    if s.raw.get("dashboardIap") is not None:
+        iap = parse_dashboard_iap(
+            problems, s.sub("dashboardIap"), s.raw["dashboardIap"], ray_objects or {}
+        )
+        if iap is None:
+            return None
     if None in (mode, operators, scrapers) or (mode == "disabled") != (reason is not None):
         return None
-    return SecurityConfig(mode, reason, operators, scrapers)
+    return SecurityConfig(mode, reason, operators, scrapers, iap)

@@ -223,7 +223,11 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
                 f"{gen.name} slices need it: {', '.join(named)}",
             )
 
-    security = parse_security(problems, raw.get(f"{NAMESPACE}:security"))
+    security = parse_security(
+        problems,
+        raw.get(f"{NAMESPACE}:security"),
+        {"RayCluster": clusters, "RayService": services, "RayJob": jobs},
+    )
 
     priorities = parse_priority_classes(problems, raw.get(f"{NAMESPACE}:priorityClasses"))
     teams = parse_teams(problems, raw.get(f"{NAMESPACE}:teams"), by_name, priorities)

@@ -85,6 +85,10 @@ def _ingress_backends(props: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     return backends
 
 
+ingress_backends = _ingress_backends
+"""Public name of the backend reader (the stack rule :mod:`policies.rules.dashboard_iap` uses it)."""
+
+
 def check_ingress(props: Mapping[str, Any]) -> list[str]:
     """A public Ingress routes to no Ray head port."""
     ingress_class = get(props, "spec.ingressClassName")
