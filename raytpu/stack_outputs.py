@@ -135,6 +135,8 @@ class StackOutputs:
     ray_services: Mapping[str, RayHead] = field(default_factory=dict)
     checkpoint_bucket: str | None = None
     """The stack's checkpoint bucket (``checkpointBucket``); None for stacks deployed before it."""
+    dashboard_iap_url: str | None = None
+    """``dashboardIap.url``: the IAP-protected Ray Dashboard, when the stack declares one."""
 
     def checkpoint_dir(self, run: str) -> str | None:
         """``gs://BUCKET/RUN`` where training run ``run`` keeps its checkpoints (None: no bucket)."""
@@ -307,9 +309,16 @@ def parse_outputs(raw: Any, stack: str) -> StackOutputs:
         raise StackOutputsError(
             f"outputs.checkpointBucket: {bucket!r} is not valid; valid: a GCS bucket name"
         )
+    iap = raw.get("dashboardIap")
+    iap_url = iap.get("url") if isinstance(iap, Mapping) else None
+    if iap is not None and not (isinstance(iap_url, str) and iap_url.startswith("https://")):
+        raise StackOutputsError(
+            f"outputs.dashboardIap.url: {iap_url!r} is not valid; valid: an https:// URL"
+        )
     return StackOutputs(
         stack=stack,
         checkpoint_bucket=bucket,
+        dashboard_iap_url=iap_url,
         cluster_name=cluster_name,
         cluster_endpoint=endpoint,
         slices=slices,

@@ -187,6 +187,11 @@ def run(args: argparse.Namespace) -> int:
                     auth_proxy(f"http://127.0.0.1:{tunnel_port}", headers, port)
                 )
             print(f"Ray Dashboard of {head.kind} {head.name!r}: {url}")
+            if outputs.dashboard_iap_url:
+                print(
+                    f"(the stack also serves a dashboard through IAP, read-only, to its members: "
+                    f"{outputs.dashboard_iap_url})"
+                )
             print(f"tunnel open for {args.duration:.0f} s; Ctrl-C closes it", file=sys.stderr)
             deadline = time.monotonic() + args.duration
             while process.poll() is None and time.monotonic() < deadline:

@@ -544,3 +544,32 @@ def test_raytpu_check_on_manifests(capsys, tmp_path: Path, iap_enabled: bool, co
     assert main(["check", str(path)]) == code
     out = capsys.readouterr().out
     assert (POLICY in out) == (not iap_enabled), out
+
+
+@pytest.mark.parametrize(
+    ("iap", "expected"),
+    [
+        (None, None),
+        (
+            {"url": "https://ray-dev.example.com/", "address": "1.2.3.4"},
+            "https://ray-dev.example.com/",
+        ),
+    ],
+    ids=["no-endpoint", "endpoint"],
+)
+def test_stack_outputs_carry_the_iap_url(iap: Any, expected: str | None) -> None:
+    from raytpu.stack_outputs import parse_outputs
+
+    raw = {"clusterName": "c", "slices": {}, "rayClusters": {}}
+    if iap is not None:
+        raw["dashboardIap"] = iap
+    assert parse_outputs(raw, "dev").dashboard_iap_url == expected
+
+
+def test_stack_outputs_refuse_a_plain_http_iap_url() -> None:
+    from raytpu.stack_outputs import StackOutputsError, parse_outputs
+
+    raw = {"clusterName": "c", "slices": {}, "rayClusters": {}}
+    raw["dashboardIap"] = {"url": "http://ray-dev.example.com/"}
+    with pytest.raises(StackOutputsError, match=r"outputs.dashboardIap.url: .* valid: an https"):
+        parse_outputs(raw, "dev")
