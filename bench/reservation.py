@@ -1,12 +1,14 @@
-"""Slice reservation on the simulated slice cluster: our module vs a plain placement group.
+"""Slice reservation on the simulated slice cluster: our module vs Ray's vs a plain placement group.
 
 Starts one local slice cluster (:mod:`workloads.local_cluster`) of ``--cluster-slices`` slices of
 v6e 2x4 on 4-chip hosts (2 hosts per slice), then measures, in the same run:
 
 1. **Time to ready**: reserving 1, 2 and 4 whole slices through
-   :func:`workloads.reservation.reserve_slices` (head reservation, then one label-pinned bundle
-   per host) vs a plain ``ray.util.placement_group`` with the same bundles and strategy; median
-   and range over repeats after one warm-up, and their ratio.
+   :func:`workloads.reservation.reserve_slices` (all head placement groups at once, slice names
+   from the node table, then one label-pinned bundle per host) vs Ray's own
+   ``ray.util.tpu.slice_placement_group`` (heads one after another, a task per head to read the
+   slice name) vs a plain ``ray.util.placement_group`` with the same bundles and strategy (no
+   slice guarantee: the floor); median and range over repeats after one warm-up, and ratios.
 2. **Contention**: ``--requests`` concurrent one-slice requests for fewer free slices. A monitor
    samples every node's free TPU and the placement group table throughout and counts samples
    where a slice was *partly* held (some of its hosts' chips taken, not all) and placement groups
@@ -90,6 +92,16 @@ def time_ours(shape: catalog.SliceShape, num_slices: int, timeout_s: float) -> f
             raise RuntimeError(
                 f"reserve_slices gave slices {reservation.slice_names}, wanted {num_slices}"
             )
+    return elapsed
+
+
+def time_ray(shape: catalog.SliceShape, num_slices: int, timeout_s: float) -> float:
+    """Seconds until Ray's own ``slice_placement_group`` is ready."""
+    from workloads.reservation import ray_native_reservation
+
+    began = time.perf_counter()
+    with ray_native_reservation(shape, num_slices, timeout_s=timeout_s):
+        elapsed = time.perf_counter() - began
     return elapsed
 
 
@@ -342,17 +354,20 @@ def run(
         result["clusterStartS"] = cluster.start_seconds
         _common.progress(f"cluster up in {cluster.start_seconds:.1f} s")
         chips = total_tpu()
-        # Warm-up: reading a slice's name runs a task on its worker 0, which starts a worker
-        # process there the first time. Reserve every slice once so no repeat pays for that.
+        # Warm-up: Ray's path reads a slice's name with a task on its worker 0, which starts a
+        # worker process there the first time. Reserve every slice once both ways so no repeat
+        # pays for that.
         _common.progress(f"warm-up: reserving all {cluster_slices} slices once")
         result["coldAllSlicesS"] = time_ours(shape, cluster_slices, timeout_s * 4)
         wait_idle(chips)
+        time_ray(shape, cluster_slices, timeout_s * 4)
+        wait_idle(chips)
         rows = []
         for count in slice_counts:
-            samples: dict[str, list[float]] = {"ours": [], "plain": []}
+            samples: dict[str, list[float]] = {"ours": [], "ray": [], "plain": []}
             cold: dict[str, float] = {}
             for rep in range(repeats + 1):  # repeat 0 is a warm-up
-                for method, fn in (("ours", time_ours), ("plain", time_plain)):
+                for method, fn in (("ours", time_ours), ("ray", time_ray), ("plain", time_plain)):
                     _common.progress(f"{count} slice(s): {method} repeat {rep}/{repeats}")
                     seconds = fn(shape, count, timeout_s)
                     wait_idle(chips)
@@ -361,15 +376,19 @@ def run(
                     else:
                         samples[method].append(seconds)
             ours = _common.summarize(samples["ours"])
+            native = _common.summarize(samples["ray"])
             plain = _common.summarize(samples["plain"])
             rows.append(
                 {
                     "slices": count,
                     "hosts": count * shape.hosts,
                     "ours": ours,
+                    "ray": native,
                     "plain": plain,
+                    "speedupVsRay": _common.ratio(native.median, ours.median),
                     "ratio": _common.ratio(ours.median, plain.median),
                     "warmupOursS": cold["ours"],
+                    "warmupRayS": cold["ray"],
                     "warmupPlainS": cold["plain"],
                 }
             )
@@ -411,20 +430,25 @@ def print_report(result: dict[str, Any]) -> list[str]:
                 "slices",
                 "hosts",
                 "reserve_slices",
+                "Ray slice_placement_group",
                 "plain placement_group",
-                "ratio",
+                "Ray / ours",
+                "ours / plain",
                 "repeats",
-                "warm-up (ours/plain)",
+                "warm-up (ours/Ray/plain)",
             ),
             [
                 (
                     r["slices"],
                     r["hosts"],
                     _common.fmt_stats(r["ours"]),
+                    _common.fmt_stats(r["ray"]),
                     _common.fmt_stats(r["plain"]),
+                    _common.fmt_ratio(r["speedupVsRay"]),
                     _common.fmt_ratio(r["ratio"]),
                     r["ours"].n,
                     f"{_common.fmt_seconds(r['warmupOursS'])} / "
+                    f"{_common.fmt_seconds(r['warmupRayS'])} / "
                     f"{_common.fmt_seconds(r['warmupPlainS'])}",
                 )
                 for r in result["timeToReady"]

@@ -227,54 +227,58 @@ def reserve_slices(
 ) -> Iterator[SliceReservation]:
     """Reserve ``num_slices`` whole slices of ``shape`` atomically; release them on exit.
 
+    The same two steps as :func:`ray.util.tpu.slice_placement_group`, done concurrently: one
+    head placement group per slice, all requested at once and awaited together; each slice's
+    name read from the label of the node its head bundle landed on (the placement group table
+    and the node table, no task); then one placement group with one label-pinned bundle per
+    host. Ray's own call claims heads one after another and runs a task in each new head
+    placement group to read the name (``bench.reservation`` measures both).
+
     ``tpu_per_bundle`` defaults to the shape's chips per host (one bundle per host); a larger
     value models workers sized for bigger hosts and fails with a reason. Waits at most about
     ``timeout_s`` in all. Raises :class:`SliceReservationError` (holding nothing) when no free
     slice exists, a slice lacks a host, or the bundles cannot be placed in time.
     """
     import ray
-    from ray.util.tpu import slice_placement_group
+    from ray.util.placement_group import placement_group
 
     if int(num_slices) < 1:
         raise ValueError(f"num_slices: {num_slices!r} is not valid; valid: an integer >= 1")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s: {timeout_s!r} is not valid; valid: a number > 0")
+    num_slices = int(num_slices)
     tpu = int(tpu_per_bundle or shape.chips_per_host)
-    selector = {LABEL_POD_TYPE: shape.pod_type, LABEL_TOPOLOGY: shape.topology}
     began = time.monotonic()
-    spg: Any = None
+    held: list[Any] = []
     reservation: SliceReservation | None = None
     try:
-        try:
-            spg = slice_placement_group(
-                shape.topology,
-                shape.accelerator_version,
-                resources_per_bundle={"TPU": tpu, "CPU": cpus_per_bundle},
-                num_slices=int(num_slices),
-                chips_per_vm=shape.chips_per_host,
-                head_reservation_timeout_s=timeout_s,
-                bundle_label_selector=[
-                    dict(selector) for _ in range(shape.workers(tpu) * num_slices)
-                ],
-                name=name,
-            )
-        except TimeoutError as error:
+        if tpu < 1 or shape.chips % tpu:
             raise SliceReservationError(
                 shape,
                 num_slices,
-                time.monotonic() - began,
-                f"no free slice: the head resource {shape.ray_head_resource} stayed busy or "
-                f"absent for {timeout_s:.0f} s",
-            ) from error
-        except (ValueError, RuntimeError) as error:
-            raise SliceReservationError(
-                shape,
-                num_slices,
-                time.monotonic() - began,
-                f"Ray refused the request: {error}",
+                0.0,
+                f"tpu_per_bundle: {tpu!r} does not divide the slice's {shape.chips} chips; "
+                f"valid: a divisor of {shape.chips}",
                 errors.MISSIZED_REQUEST,
-            ) from error
-        pg = spg.placement_group
+            )
+        names: tuple[str, ...] = ()
+        if shape.multi_host:
+            names = _claim_heads(shape, num_slices, timeout_s, began, name, held)
+        bundles_per_slice = shape.workers(tpu)
+        selectors = []
+        for index in range(num_slices):
+            selector = {LABEL_POD_TYPE: shape.pod_type, LABEL_TOPOLOGY: shape.topology}
+            if names:
+                selector[LABEL_SLICE_NAME] = names[index]
+            selectors += [dict(selector) for _ in range(bundles_per_slice)]
+        bundle = {"TPU": float(tpu), "CPU": float(cpus_per_bundle)}
+        pg = placement_group(
+            [dict(bundle) for _ in selectors],
+            strategy="SPREAD",
+            name=name,
+            bundle_label_selector=selectors,
+        )
+        held.append(pg)
         remaining = max(0.5, timeout_s - (time.monotonic() - began))
         ready, _ = ray.wait([pg.ready()], timeout=remaining)
         if not ready:
@@ -290,15 +294,15 @@ def reserve_slices(
         # whose hosts are all held looks free by its head resource, and the next reservation
         # claims that head and waits on bundles that never place (Ray's sharp edge, seen here as
         # a flaky "no free slice" while one slice was still free).
-        hosts = _hosts_of(pg, spg.num_bundles)
+        hosts = _hosts_of(pg, len(selectors))
         reservation = SliceReservation(
             shape=shape,
-            num_slices=int(num_slices),
+            num_slices=num_slices,
             placement_group=pg,
             hosts=hosts,
             slice_names=tuple(dict.fromkeys(h.slice_name for h in hosts)),
             wait_s=time.monotonic() - began,
-            bundle_resources=dict(spg.bundle_resources),
+            bundle_resources=bundle,
         )
     except SliceReservationError as error:
         logger.warning(
@@ -311,11 +315,11 @@ def reserve_slices(
             error.waited_s,
             error.reason,
         )
-        _shutdown(spg)
-        telemetry.reservation(shape, int(num_slices), error.waited_s, error)
+        _remove(held)
+        telemetry.reservation(shape, num_slices, error.waited_s, error)
         raise
     except BaseException:
-        _shutdown(spg)
+        _remove(held)
         raise
     logger.info(
         "slice reservation ok: shape=%s generation=%s hosts=%d slices=%d (%s) wait=%.1fs",
@@ -326,16 +330,105 @@ def reserve_slices(
         ", ".join(reservation.slice_names),
         reservation.wait_s,
     )
-    telemetry.reservation(shape, int(num_slices), reservation.wait_s)
+    telemetry.reservation(shape, num_slices, reservation.wait_s)
     try:
         yield reservation
     finally:
-        _shutdown(spg)
+        _remove(held)
         logger.info("slice reservation released: %s", ", ".join(reservation.slice_names))
 
 
-def _shutdown(spg: Any) -> None:
-    if spg is not None:
+def _claim_heads(
+    shape: SliceShape,
+    num_slices: int,
+    timeout_s: float,
+    began: float,
+    name: str,
+    held: list[Any],
+) -> tuple[str, ...]:
+    """Claim ``num_slices`` head resources at once; return the claimed slices' names.
+
+    Appends every head placement group to ``held`` as soon as it exists, so the caller releases
+    them all (claimed or pending) on any error: all or nothing.
+    """
+    import ray
+    from ray.util.placement_group import placement_group
+
+    heads = []
+    for index in range(num_slices):
+        heads.append(
+            placement_group(
+                [{shape.ray_head_resource: 1.0}],
+                bundle_label_selector=[{LABEL_WORKER_ID: "0", LABEL_POD_TYPE: shape.pod_type}],
+                name=f"{name}-head-{index}" if name else "",
+            )
+        )
+        held.append(heads[-1])
+    ready, _ = ray.wait([pg.ready() for pg in heads], num_returns=len(heads), timeout=timeout_s)
+    if len(ready) < len(heads):
+        missing = _describe_missing(shape, shape.chips_per_host)
+        raise SliceReservationError(
+            shape,
+            num_slices,
+            time.monotonic() - began,
+            f"{missing.reason}; {len(ready)} of {num_slices} head resources "
+            f"{shape.ray_head_resource} claimed within {timeout_s:.0f} s",
+            missing.error_class,
+        )
+    return _head_slice_names(heads)
+
+
+def _head_slice_names(heads: list[Any]) -> tuple[str, ...]:
+    """The slice name of each claimed head: its bundle's node, looked up in the node table."""
+    import ray
+    from ray.util import placement_group_table
+
+    labels_by_node = {n["NodeID"]: (n.get("Labels") or {}) for n in ray.nodes()}
+    names = []
+    for pg in heads:
+        node_id = placement_group_table(pg).get("bundles_to_node_id", {}).get(0, "")
+        slice_name = labels_by_node.get(node_id, {}).get(LABEL_SLICE_NAME)
+        if not slice_name:
+            raise RuntimeError(
+                f"head placement group {pg.id.hex()} landed on node {node_id[:12] or '?'} "
+                f"which has no {LABEL_SLICE_NAME} label; the TPU host's labels are missing"
+            )
+        names.append(slice_name)
+    return tuple(names)
+
+
+def _remove(placement_groups: list[Any]) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    for pg in placement_groups:
+        remove_placement_group(pg)
+    placement_groups.clear()
+
+
+@contextlib.contextmanager
+def ray_native_reservation(
+    shape: SliceShape, num_slices: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> Iterator[Any]:
+    """Ray's own :func:`ray.util.tpu.slice_placement_group` for ``num_slices`` slices of
+    ``shape``, awaited until ready and removed on exit: the baseline ``bench.reservation``
+    compares :func:`reserve_slices` with. Raises ``TimeoutError`` if not ready in time."""
+    import ray
+    from ray.util.tpu import slice_placement_group
+
+    spg = slice_placement_group(
+        shape.topology,
+        shape.accelerator_version,
+        resources_per_bundle={"TPU": shape.chips_per_host, "CPU": 1},
+        num_slices=int(num_slices),
+        chips_per_vm=shape.chips_per_host,
+        head_reservation_timeout_s=timeout_s,
+    )
+    try:
+        ready, _ = ray.wait([spg.placement_group.ready()], timeout=timeout_s)
+        if not ready:
+            raise TimeoutError(f"slice_placement_group not ready within {timeout_s:.0f} s")
+        yield spg
+    finally:
         spg.shutdown()
 
 
