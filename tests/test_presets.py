@@ -1,0 +1,106 @@
+"""Preset arithmetic against the public configs they mirror, the mesh rules and the HBM refusal."""
+
+from __future__ import annotations
+
+import pytest
+
+from raytpu import catalog
+from raytpu.presets import (
+    GIB,
+    PRESETS,
+    MeshConfig,
+    PresetError,
+    check_fits,
+    memory_per_chip,
+    preset,
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "published", "rounded"),
+    [("1b", 1_235_814_400, "1.24B"), ("8b", 8_030_261_248, "8.03B")],
+    ids=["llama-3.2-1b", "llama-3.1-8b"],
+)
+def test_parameter_count_matches_the_published_model(name, published, rounded):
+    model = preset(name)
+    assert model.params == published
+    assert model.published_params == published
+    assert f"{model.params / 1e9:.2f}B" == rounded
+
+
+def test_flops_per_token_is_six_times_matmul_params_plus_causal_attention():
+    model = preset("8b")
+    # Embedding lookup excluded, output head included: 8.03B - 0.525B (input embedding) - norms.
+    assert model.matmul_params == model.params - model.vocab_size * model.d_model - (
+        (2 * model.n_layers + 1) * model.d_model
+    )
+    attention = 6 * model.n_layers * 8192 * model.d_model
+    assert model.train_flops_per_token(8192) == pytest.approx(6 * model.matmul_params + attention)
+    # MaxText's figure for Llama 3.1 8B at seq 8192 is ~5.5e10 FLOPs per token (order check).
+    assert 4.5e10 < model.train_flops_per_token(8192) < 6.0e10
+
+
+def test_fsdp_shards_the_state_one_nth_per_chip():
+    model = preset("8b")
+    one = memory_per_chip(model, MeshConfig(ici_fsdp=1))
+    sixteen = memory_per_chip(model, MeshConfig(ici_fsdp=16))
+    assert one.state_bytes == pytest.approx(16 * model.params)
+    assert sixteen.state_bytes == pytest.approx(one.state_bytes / 16)
+
+
+@pytest.mark.parametrize(
+    ("name", "generation", "topology", "mesh", "fits"),
+    [
+        ("8b", "v6e", "4x4", MeshConfig(ici_fsdp=16), True),
+        ("8b", "v5e", "2x4", MeshConfig(ici_fsdp=8), False),
+        ("8b", "v6e", "2x2", MeshConfig(ici_fsdp=4), False),
+        ("1b", "v5e", "2x4", MeshConfig(ici_fsdp=8), True),
+        ("1b", "v5e", "1x1", MeshConfig(), False),
+        ("tiny", "v5e", "1x1", MeshConfig(), True),
+    ],
+    ids=["8b-v6e-16", "8b-v5e-8", "8b-v6e-4", "1b-v5e-8", "1b-v5e-1", "tiny-v5e-1"],
+)
+def test_hbm_check(name, generation, topology, mesh, fits):
+    machine = "ct5lp-hightpu-4t" if (generation, topology) == ("v5e", "2x4") else None
+    shape = catalog.shape(generation, topology, machine_type=machine)
+    model = preset(name)
+    if fits:
+        estimate = check_fits(model, shape, mesh)
+        assert estimate.total_bytes <= shape.generation.hbm_gib * GIB
+        return
+    need = memory_per_chip(model, mesh).total_bytes / GIB
+    with pytest.raises(PresetError) as caught:
+        check_fits(model, shape, mesh)
+    message = str(caught.value)
+    assert message.startswith(f"preset: '{name}' is not valid")
+    assert f"needs {need:.1f} GiB" in message
+    assert f"a {generation} chip has {shape.generation.hbm_gib} GiB HBM" in message
+    assert "valid: " in message and "tiny" in message.split("valid: ")[1]
+
+
+@pytest.mark.parametrize(
+    ("mesh", "slices", "field", "valid"),
+    [
+        (MeshConfig(dcn_data=1, ici_fsdp=8), 2, "mesh.dcn_data", "2 (the number of slices)"),
+        (MeshConfig(ici_fsdp=4), 1, "mesh.ici_data x ici_fsdp x ici_tensor", "8 (the chips"),
+        (MeshConfig(ici_fsdp=0), 1, "mesh.ici_fsdp", "an integer >= 1"),
+    ],
+    ids=["dcn-not-slices", "ici-not-chips", "zero-axis"],
+)
+def test_mesh_must_tile_the_slices(mesh, slices, field, valid):
+    with pytest.raises(PresetError) as caught:
+        mesh.check(chips_per_slice=8, num_slices=slices)
+    assert caught.value.field == field
+    assert valid in str(caught.value)
+
+
+def test_unknown_preset_lists_the_valid_ones():
+    with pytest.raises(PresetError, match=r"preset: '70b' is not valid; valid: tiny, 1b, 8b"):
+        preset("70b")
+
+
+def test_hybrid_mesh_shape_puts_slices_on_the_data_axis():
+    mesh = MeshConfig.fsdp_over(chips_per_slice=16, num_slices=2)
+    assert mesh.check(16, 2).shape == (2, 16, 1)
+    assert mesh.devices == 32
+    assert set(PRESETS) == {"tiny", "1b", "8b"}
