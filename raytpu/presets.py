@@ -286,3 +286,51 @@ def mfu_estimate(
     """Model FLOPs utilisation: achieved training FLOP/s per chip over the catalog's peak."""
     achieved = model.train_flops_per_token(seq_len) * tokens_per_chip_per_s
     return achieved / (shape.generation.peak_bf16_tflops * 1e12)
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    """What to train at scale: a preset on a mesh (``run_training(..., scale=...)``)."""
+
+    preset: str = "tiny"
+    mesh: MeshConfig = MeshConfig()
+
+    def check(self, shape: SliceShape, num_slices: int, global_batch: int) -> MemoryEstimate:
+        """Raise :class:`PresetError` unless the preset divides over the mesh and fits the
+        slice's HBM at ``global_batch`` sequences per step; the memory estimate otherwise."""
+        model = preset(self.preset)
+        self.mesh.check(shape.chips, num_slices)
+        divisible = (
+            ("d_model", model.d_model, self.mesh.ici_fsdp, "mesh.ici_fsdp"),
+            ("n_kv_heads", model.n_kv_heads, self.mesh.ici_tensor, "mesh.ici_tensor"),
+            ("d_ff", model.d_ff, self.mesh.ici_tensor, "mesh.ici_tensor"),
+            ("vocab_size", model.vocab_size, self.mesh.ici_tensor, "mesh.ici_tensor"),
+        )
+        for dim, size, axis, field in divisible:
+            if size % axis:
+                raise PresetError(
+                    field, axis, f"a divisor of the preset's {dim} ({size})", f"preset {model.name}"
+                )
+        devices = self.mesh.devices
+        if global_batch % devices:
+            raise PresetError(
+                "train.global_batch", global_batch, f"a multiple of the mesh's {devices} devices"
+            )
+        return check_fits(
+            model, shape, self.mesh, num_slices=num_slices, batch_per_chip=global_batch // devices
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"preset": self.preset, "mesh": asdict(self.mesh)}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ScaleConfig:
+        unknown = set(raw) - {"preset", "mesh"}
+        if unknown:
+            raise PresetError("scale", sorted(unknown)[0], "preset, mesh")
+        mesh_raw = dict(raw.get("mesh") or {})
+        mesh_keys = {"dcn_data", "ici_data", "ici_fsdp", "ici_tensor"}
+        if set(mesh_raw) - mesh_keys:
+            bad = sorted(set(mesh_raw) - mesh_keys)[0]
+            raise PresetError("scale.mesh", bad, ", ".join(sorted(mesh_keys)))
+        return cls(preset=str(raw.get("preset", "tiny")), mesh=MeshConfig(**mesh_raw))

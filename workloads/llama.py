@@ -159,8 +159,9 @@ class LlamaLM(nn.Module):
 
 @struct.dataclass
 class TrainState:
-    """Immutable training state; ``params`` and the optimizer moments keep their logical-axis
-    boxes (``nn.Partitioned``) so :func:`workloads.sharding.state_shardings` can read them."""
+    """Immutable training state. From :func:`init_state` the params and optimizer moments carry
+    their logical-axis boxes (``nn.LogicallyPartitioned``), which
+    :func:`workloads.sharding.state_shardings` reads; training runs on the unboxed arrays."""
 
     step: jax.Array
     params: Any

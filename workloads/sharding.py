@@ -6,7 +6,8 @@ Glossary:
   ``data`` axis is ``dcn_data x ici_data``: its outer factor spans slices (data parallel over the
   data-centre network, one gradient all-reduce per step); ``fsdp`` and ``tensor`` stay inside a
   slice (ICI). Built with :func:`jax.experimental.mesh_utils.create_hybrid_device_mesh`, which
-  groups devices by their ``slice_index``. Devices of the simulated slices (CPU) have none: each
+  groups devices by their ``slice_index``. Devices of the simulated slices (CPU) all say slice 0:
+  each
   simulated host is one JAX process and a slice is ``hosts`` consecutive processes (Ray Train's
   rank order, which is also how it numbers ``MEGASCALE_SLICE_ID``), so the slice of a device is
   ``process_index // hosts_per_slice``.
@@ -59,8 +60,8 @@ def build_mesh(
     config: MeshConfig, devices: Sequence[Any] | None = None, *, hosts_per_slice: int = 1
 ) -> Mesh:
     """The ``(data, fsdp, tensor)`` mesh; with ``dcn_data > 1`` a hybrid mesh whose outer
-    ``data`` factor spans slices. ``hosts_per_slice`` is used only for devices that carry no
-    ``slice_index`` (CPU simulation)."""
+    ``data`` factor spans slices. ``hosts_per_slice`` is used only when the devices'
+    ``slice_index`` does not name ``dcn_data`` slices (CPU simulation)."""
     devices = list(devices if devices is not None else jax.devices())
     if len(devices) != config.devices:
         raise ValueError(
@@ -71,7 +72,7 @@ def build_mesh(
     if config.dcn_data == 1:
         grid = mesh_utils.create_device_mesh(ici, devices, allow_split_physical_axes=True)
         return Mesh(grid, MeshConfig.AXES)
-    if hasattr(devices[0], "slice_index"):
+    if len({getattr(d, "slice_index", None) for d in devices}) == config.dcn_data:
         grid = mesh_utils.create_hybrid_device_mesh(
             ici, (config.dcn_data, 1, 1), devices, allow_split_physical_axes=True
         )
@@ -102,9 +103,13 @@ def state_shardings(preset: Preset, mesh: Mesh) -> Any:
 
 
 def sharded_init(preset: Preset, mesh: Mesh, seed: int) -> Any:
-    """The initial state created directly in its shards (never whole on one device)."""
+    """The initial state created directly in its shards (never whole on one device), with the
+    logical-axis boxes removed: plain arrays whose ``.sharding`` says where each shard lives
+    (what Orbax saves and restores onto another mesh)."""
     shardings = state_shardings(preset, mesh)
-    init = jax.jit(partial(llama.init_state, preset), out_shardings=shardings)
+    init = jax.jit(
+        lambda rng: nn.meta.unbox(llama.init_state(preset, rng)), out_shardings=shardings
+    )
     return init(jax.random.PRNGKey(seed))
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from raytpu.catalog import SliceShape
-from workloads import storage, telemetry
+from workloads import multislice, storage, telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +103,8 @@ class TrainResult:
     """How long the capacity check waited for free slices (see :func:`run_training`)."""
     placements: tuple[WorkerPlacement, ...] = ()
     """Where each worker ran, in rank order, as the workers reported it."""
+    scale: dict[str, Any] = field(default_factory=dict)
+    """A preset run's mesh, MEGASCALE_* and shard facts (:mod:`workloads.multislice`)."""
 
     @property
     def slice_names(self) -> tuple[str, ...]:
@@ -199,6 +201,8 @@ def _run_board(on_progress: Callable[[TrainProgress], None] | None) -> Iterator[
 # ---------------------------------------------------------------- worker side (jax imported here)
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Runs once per TPU host. Must be called under JaxTrainer (jax.distributed is initialized)."""
+    if config.get("scale"):  # a preset on a hybrid mesh (workloads.multislice)
+        return multislice.train_loop_sharded(config, report=_report, placement=_my_placement)
     from functools import partial
 
     import jax
@@ -374,6 +378,7 @@ def run_training(
     storage_path: str | None = None,
     name: str = "raytpu-train",
     on_progress: Callable[[TrainProgress], None] | None = None,
+    scale: Any = None,
 ) -> TrainResult:
     """Train on ``num_slices`` slices of ``shape`` in the connected Ray cluster.
 
@@ -387,7 +392,8 @@ def run_training(
     (:func:`workloads.reservation.ray_splits_slice`: v5e/v6e 2x4 on 4-chip hosts) the workers
     also ask for the checked slice's own resource, so they run on its hosts and nowhere else. ``storage_path`` (Ray Train's) defaults to a folder beside the checkpoint directory
     (:func:`workloads.storage.ray_train_storage`). ``on_progress`` is called (from a driver
-    thread) with each new :class:`TrainProgress`. Raises :class:`TrainingError`, and
+    thread) with each new :class:`TrainProgress`. ``scale`` (a :class:`raytpu.presets.ScaleConfig`)
+    trains a preset on a hybrid mesh instead of the byte model (:mod:`workloads.multislice`). Raises :class:`TrainingError`, and
     ``ValueError`` for a bad config before anything is reserved.
     """
     import ray.train
@@ -396,6 +402,7 @@ def run_training(
     from workloads.reservation import SliceReservationError, ray_splits_slice, reserve_slices
 
     run.validate(shape, num_slices)
+    scale_payload = scale and multislice.driver_payload(shape, num_slices, run.global_batch, scale)
     tpu = int(tpu_per_worker or shape.chips_per_host)
     num_workers = shape.workers(tpu) * num_slices
     storage.require_shared("train.checkpoint_dir", run.checkpoint_dir, num_workers)
@@ -437,6 +444,7 @@ def run_training(
                 "board": board,
                 "show_progress": on_progress is not None,
                 "telemetry": telemetry.worker_config(shape, num_slices),
+                "scale": scale_payload,
             },
             scaling_config=ray.train.ScalingConfig(
                 use_tpu=True,
@@ -488,4 +496,5 @@ def run_training(
         seconds=float(metrics["seconds"]),
         placement_wait_s=placement_wait,
         placements=placements,
+        scale=dict(metrics.get("scale") or {}),
     )

@@ -1,0 +1,94 @@
+"""A preset trained over two slices on the simulated cluster: hybrid mesh, MEGASCALE_*, resume.
+
+One module-scoped cluster: two v4 2x2x2 slices (2 hosts x 4 chips each, 16 CPU devices), and
+the GCS emulator for the shared checkpoint. Two runs of the ``tiny`` preset with FSDP over each
+slice's 8 chips: the first on one slice (steps 0-4), the second on both slices (dcn_data=2),
+restoring the first run's checkpoint onto the 2-slice mesh and continuing to step 8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from gcs_fixture import gcs_or_skip
+
+from raytpu.catalog import SliceShape, shape
+from raytpu.presets import MeshConfig, ScaleConfig
+from workloads.local_cluster import LocalSliceCluster
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+
+V4_2X2X2 = shape("v4", "2x2x2")
+BUCKET = "raytpu-multislice"
+RUN = f"gs://{BUCKET}/tiny"
+
+
+@dataclass(frozen=True)
+class Slice:
+    name: str
+    shape: SliceShape
+    count: int
+
+
+@pytest.fixture(scope="module")
+def runs():
+    from workloads.train import TrainConfig, run_training
+
+    with (
+        gcs_or_skip(BUCKET) as gcs,
+        LocalSliceCluster([Slice("ms", V4_2X2X2, 2)], env=gcs.env),
+    ):
+        config = TrainConfig(
+            checkpoint_dir=RUN, steps=4, global_batch=16, checkpoint_every=4, log_every=4
+        )
+        one = run_training(
+            V4_2X2X2,
+            config,
+            scale=ScaleConfig("tiny", MeshConfig.fsdp_over(V4_2X2X2.chips, 1)),
+            name="one-slice",
+        )
+        two = run_training(
+            V4_2X2X2,
+            TrainConfig(**{**config.__dict__, "steps": 8}),
+            num_slices=2,
+            scale=ScaleConfig("tiny", MeshConfig.fsdp_over(V4_2X2X2.chips, 2)),
+            name="two-slices",
+        )
+        yield one, two
+
+
+def test_two_slices_run_one_process_per_host_on_a_hybrid_mesh(runs):
+    _, two = runs
+    assert two.process_count == 2 * V4_2X2X2.hosts
+    assert two.device_count == 2 * V4_2X2X2.chips
+    assert two.scale["mesh"] == {"data": 2, "fsdp": 8, "tensor": 1}
+    # The DCN (data) axis: index 0 is slice 0's two processes, index 1 slice 1's.
+    assert two.scale["data_axis_processes"] == [[0, 1], [2, 3]]
+    assert two.scale["embed_shard_fraction"] == pytest.approx(1 / 8)
+    assert len(set(two.slice_names)) == 2
+
+
+def test_workers_see_the_megascale_env_of_their_slice(runs):
+    _, two = runs
+    assert two.scale["megascale_slice_ids"] == [0, 0, 1, 1]
+    env = two.scale["megascale_rank0"]
+    assert env["MEGASCALE_NUM_SLICES"] == "2" and env["MEGASCALE_SLICE_ID"] == "0"
+    assert env["MEGASCALE_COORDINATOR_ADDRESS"] and env["MEGASCALE_PORT"]
+    by_process = {p.process_index: p.slice_name for p in two.placements}
+    for process, slice_id in enumerate(two.scale["megascale_slice_ids"]):
+        same = [q for q, s in enumerate(two.scale["megascale_slice_ids"]) if s == slice_id]
+        assert {by_process[q] for q in same} == {by_process[process]}
+
+
+def test_one_slice_checkpoint_restores_onto_two_slices_and_loss_keeps_falling(runs):
+    one, two = runs
+    assert one.scale["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert one.process_count == V4_2X2X2.hosts
+    assert one.scale["megascale_slice_ids"] == [0, 0]
+    assert (one.resumed_from, one.latest_checkpoint) == (0, 4)
+    assert (two.resumed_from, two.final_step, two.latest_checkpoint) == (4, 8, 8)
+    assert len(two.losses) == 4
+    assert one.last_loss < one.first_loss
+    assert two.last_loss < one.first_loss - 0.1
+    assert two.first_loss < one.first_loss, "resumed, not started over"
