@@ -93,8 +93,9 @@ class Preset:
 
     def train_flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token (forward + backward): ``6 x matmul params`` plus causal
-        attention's ``6 x layers x seq x d_model`` (QK^T and AV, half the square), the count
-        MaxText's ``calculate_tflops_training_per_device`` uses."""
+        attention's ``6 x layers x seq x d_model`` (QK^T and AV, half the square for a causal
+        mask: MaxText's count since its PR #1988; its older published MFU figures count the
+        whole square, ``12 x layers x seq x d_model``)."""
         seq = seq_len or self.seq_len
         return 6.0 * self.matmul_params + 6.0 * self.n_layers * seq * self.d_model
 

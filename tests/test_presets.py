@@ -104,3 +104,23 @@ def test_hybrid_mesh_shape_puts_slices_on_the_data_axis():
     assert mesh.check(16, 2).shape == (2, 16, 1)
     assert mesh.devices == 32
     assert set(PRESETS) == {"tiny", "1b", "8b"}
+
+
+def test_maxtext_published_v6e_mfu_reproduces_from_our_flop_count():
+    """MaxText: Llama 3.1 8B on v6e-256, SL 8192, 7,207 tokens/s/device = 45.46 % MFU, counted
+    with the whole attention square (12 x layers x seq x d_model), on the catalog's peak."""
+    model = preset("8b")
+    full_square = model.train_flops_per_token(8192) + 6 * model.n_layers * 8192 * model.d_model
+    peak = catalog.generation("v6e").peak_bf16_tflops * 1e12
+    assert 7207 * full_square / peak == pytest.approx(0.4546, rel=0.01)
+
+
+def test_bench_presets_rows_place_each_preset_on_a_slice_that_fits():
+    from bench import presets as bench_presets
+
+    rows = {(r["preset"], r["generation"]): r for r in bench_presets.run(["1b", "8b"])["rows"]}
+    assert rows[("8b", "v5e")]["slice"].startswith("v5e 4x8")
+    assert rows[("8b", "v6e")]["slice"].startswith("v6e 2x4")
+    for row in rows.values():
+        assert row["memoryGiB"] <= catalog.generation(row["generation"]).hbm_gib
+        assert 0.7 < row["mfuEstimate"] < 0.8
