@@ -491,7 +491,28 @@ def print_report(result: dict[str, Any]) -> list[str]:
     ours_error = result["contention"]["ours"]["firstError"]
     if ours_error:
         print(f"reserve_slices failure message: {ours_error}")
+    for line in verdicts(result):
+        print(line)
     return tables
+
+
+GOAL_SPEEDUP = 5.0
+"""``reserve_slices`` should be at least this much faster than Ray's own call at the most slices."""
+
+
+def verdicts(result: dict[str, Any]) -> list[str]:
+    """``ok``/``FAIL`` lines for the two goals: speed vs Ray's call at the largest slice count,
+    and no sample in which ``reserve_slices`` held part of a slice under contention."""
+    largest = max(result["timeToReady"], key=lambda r: r["slices"])
+    speedup = largest["speedupVsRay"]
+    ours = result["contention"]["ours"]
+    partial = ours["monitor"]["partial_slice_samples"] + ours["straddling"]
+    return [
+        f"{'ok' if speedup >= GOAL_SPEEDUP else 'FAIL'}: {speedup:.1f}x faster than Ray's "
+        f"slice_placement_group at {largest['slices']} slices (goal >= {GOAL_SPEEDUP:g}x)",
+        f"{'ok' if partial == 0 else 'FAIL'}: {partial} contention samples or grants where "
+        "reserve_slices held part of a slice (goal 0)",
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -512,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_report(result)
     print(_common.machine_line())
     _common.write_results("reservation", result)
-    return 0
+    return 1 if any(line.startswith("FAIL") for line in verdicts(result)) else 0
 
 
 if __name__ == "__main__":

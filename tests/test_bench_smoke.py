@@ -132,3 +132,30 @@ def test_reservation_plain_bundles_match_the_slice():
     shape = reservation.bench_shape()
     assert (shape.hosts, shape.chips_per_host) == (2, 4)
     assert reservation.plain_bundles(shape, 3) == [{"TPU": 4.0, "CPU": 1.0}] * 6
+
+
+@pytest.mark.parametrize(
+    ("speedup", "partial", "straddling", "expected"),
+    [
+        (10.6, 0, 0, ["ok", "ok"]),
+        (4.0, 0, 0, ["FAIL", "ok"]),
+        (6.0, 2, 0, ["ok", "FAIL"]),
+        (6.0, 0, 1, ["ok", "FAIL"]),
+    ],
+    ids=["both-met", "too-slow", "part-slice-sample", "straddling-grant"],
+)
+def test_reservation_verdicts(speedup, partial, straddling, expected):
+    from bench import reservation
+
+    result = {
+        "timeToReady": [
+            {"slices": 1, "speedupVsRay": 99.0},
+            {"slices": 4, "speedupVsRay": speedup},
+        ],
+        "contention": {
+            "ours": {"monitor": {"partial_slice_samples": partial}, "straddling": straddling}
+        },
+    }
+    lines = reservation.verdicts(result)
+    assert [line.split(":")[0] for line in lines] == expected
+    assert f"{speedup:.1f}x" in lines[0]
