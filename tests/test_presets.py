@@ -124,3 +124,42 @@ def test_bench_presets_rows_place_each_preset_on_a_slice_that_fits():
     for row in rows.values():
         assert row["memoryGiB"] <= catalog.generation(row["generation"]).hbm_gib
         assert 0.7 < row["mfuEstimate"] < 0.8
+
+
+@pytest.fixture
+def nothing_reserved(monkeypatch):
+    """Fails the test if run_training gets as far as reserving a slice."""
+    import workloads.reservation
+
+    def refuse(*args, **kwargs):
+        pytest.fail("run_training reserved a slice for a config it should have refused")
+
+    monkeypatch.setattr(workloads.reservation, "reserve_slices", refuse)
+
+
+@pytest.mark.parametrize(
+    ("scale", "slices", "fragment"),
+    [
+        (("8b", MeshConfig(ici_fsdp=8)), 1, "preset: '8b' is not valid (needs 29.1 GiB"),
+        (("tiny", MeshConfig(ici_fsdp=8)), 2, "mesh.dcn_data: 1 is not valid; valid: 2"),
+        (
+            ("tiny", MeshConfig(ici_tensor=8)),
+            1,
+            "valid: a divisor of the preset's n_kv_heads (2)",
+        ),
+    ],
+    ids=["8b-over-hbm", "dcn-not-slices", "tensor-over-kv-heads"],
+)
+def test_run_training_refuses_before_reserving(nothing_reserved, scale, slices, fragment):
+    from raytpu.presets import ScaleConfig
+    from workloads.train import TrainConfig, run_training
+
+    v5e = catalog.shape("v5e", "2x4", machine_type="ct5lp-hightpu-4t")
+    with pytest.raises(PresetError) as caught:
+        run_training(
+            v5e,
+            TrainConfig(checkpoint_dir="gs://bucket/run", global_batch=16),
+            num_slices=slices,
+            scale=ScaleConfig(*scale),
+        )
+    assert fragment in str(caught.value)
