@@ -117,14 +117,15 @@ def train_loop_sharded(
         windows(encode(tokenizer, load_corpus()), model.seq_len), process, processes, run["seed"]
     )
     local_batch = run["global_batch"] // processes
-    state = sharding.sharded_init(model, mesh, run["seed"])
     step_fn = sharding.sharded_step(model, mesh)
     manager = open_checkpoints(run["checkpoint_dir"])
     resumed_from = 0
     try:
         latest = manager.latest_step()
-        if latest is not None:
-            state = restore_state(manager, latest, state)
+        if latest is None:
+            state = sharding.sharded_init(model, mesh, run["seed"])
+        else:  # Orbax reshards onto this mesh (e.g. saved on 1 slice, restored on 2)
+            state = restore_state(manager, latest, sharding.abstract_state(model, mesh))
             resumed_from = int(latest)
         losses: list[float] = []
         for step in range(resumed_from, run["steps"]):

@@ -113,6 +113,19 @@ def sharded_init(preset: Preset, mesh: Mesh, seed: int) -> Any:
     return init(jax.random.PRNGKey(seed))
 
 
+def abstract_state(preset: Preset, mesh: Mesh) -> Any:
+    """The unboxed state's shapes, dtypes and shardings, with nothing computed: the target to
+    restore a checkpoint into (a resumed run skips compiling and running the initializer)."""
+    shapes = jax.eval_shape(
+        lambda rng: nn.meta.unbox(llama.init_state(preset, rng)), jax.random.PRNGKey(0)
+    )
+    return jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+        shapes,
+        state_shardings(preset, mesh),
+    )
+
+
 def sharded_step(preset: Preset, mesh: Mesh) -> Any:
     """``train_step`` jitted with the state's shardings in and out (donated) and the batch
     split over ``data`` and ``fsdp``."""
