@@ -1,11 +1,13 @@
 """A reserved host that dies: the reservation says so at once instead of letting work wait.
 
-Its own cluster (one v6e 2x4 slice on two 4-chip hosts), since the test kills a host.
+Its own cluster (one v6e 2x4 slice on two 4-chip hosts), since a test kills a host: one cluster
+for the module, so the test that kills a host comes last (pytest runs a module's tests in order).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,7 +22,33 @@ V6E_2X4_4T = shape("v6e", "2x4", machine_type="ct6e-standard-4t")
 DETECT_BOUND_S = 20.0
 
 
-def test_host_lost_after_reservation_raises_instead_of_waiting() -> None:
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalSliceCluster]:
+    with LocalSliceCluster([SliceChoice("train", V6E_2X4_4T, 1)]) as running:
+        yield running
+
+
+def test_get_is_bounded_without_a_loss(cluster: LocalSliceCluster) -> None:
+    import ray
+
+    @ray.remote(num_cpus=0, resources={"TPU": 4})
+    def hold(seconds: float) -> None:
+        import time
+
+        time.sleep(seconds)
+
+    with reserve_slices(V6E_2X4_4T, timeout_s=30) as reservation:
+        slow = hold.options(scheduling_strategy=reservation.scheduling_strategy(0)).remote(60)
+        began = time.monotonic()
+        with pytest.raises(TimeoutError, match="1 of 1 results not ready after 3 s"):
+            reservation.get([slow], timeout_s=3)
+        assert time.monotonic() - began < 10
+
+
+def test_host_lost_after_reservation_raises_instead_of_waiting(
+    cluster: LocalSliceCluster,
+) -> None:
+    """Last in the module: it kills a host of the module's cluster."""
     import ray
 
     @ray.remote(num_cpus=0, resources={"TPU": 4})
@@ -31,10 +59,7 @@ def test_host_lost_after_reservation_raises_instead_of_waiting() -> None:
         time.sleep(seconds)
         return os.environ["TPU_WORKER_ID"]
 
-    with (
-        LocalSliceCluster([SliceChoice("train", V6E_2X4_4T, 1)]) as cluster,
-        reserve_slices(V6E_2X4_4T, timeout_s=30) as reservation,
-    ):
+    with reserve_slices(V6E_2X4_4T, timeout_s=30) as reservation:
         assert reservation.lost_hosts() == ()
         (host_0,) = [h for h in reservation.hosts if h.worker_id == 0]
         (host_1,) = [h for h in reservation.hosts if h.worker_id == 1]
@@ -57,23 +82,3 @@ def test_host_lost_after_reservation_raises_instead_of_waiting() -> None:
         assert caught.value.lost == (host_1,)
         with pytest.raises(HostLostError):
             reservation.scheduling_strategy(host_1.bundle_index)
-
-
-def test_get_is_bounded_without_a_loss() -> None:
-    import ray
-
-    @ray.remote(num_cpus=0, resources={"TPU": 4})
-    def hold(seconds: float) -> None:
-        import time
-
-        time.sleep(seconds)
-
-    with (
-        LocalSliceCluster([SliceChoice("train", V6E_2X4_4T, 1)]),
-        reserve_slices(V6E_2X4_4T, timeout_s=30) as reservation,
-    ):
-        slow = hold.options(scheduling_strategy=reservation.scheduling_strategy(0)).remote(60)
-        began = time.monotonic()
-        with pytest.raises(TimeoutError, match="1 of 1 results not ready after 3 s"):
-            reservation.get([slow], timeout_s=3)
-        assert time.monotonic() - began < 10

@@ -1,5 +1,8 @@
 """``raytpu status`` on a real local Ray head (token auth on) with simulated TPU hosts: a slice a
-job holds, a slice that lost a host, a failed job with its error class."""
+job holds, a slice that lost a host, a failed job with its error class.
+
+One head for the module (``token_head``): the tests that need a token-auth head only read from it
+or add to it (hosts, jobs), so they share it instead of starting one each."""
 
 from __future__ import annotations
 
@@ -7,16 +10,16 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
-from delivery_ray_nodes import fake_kubectl, local_ray
+from delivery_ray_nodes import LocalRay, fake_kubectl, local_ray
 
 from raytpu_cli import main as cli
 from raytpu_cli.status import app_states, slice_states
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(500)]
 STACK = {
     "clusterName": "raytpu-dev",
     "slices": {
@@ -39,6 +42,13 @@ FAIL = (
     "import sys; from raytpu import errors; from raytpu_cli import failure; "
     "sys.exit(failure.report(errors.NetworkTimeoutError('upstream did not answer')))"
 )
+
+
+@pytest.fixture(scope="module")
+def token_head() -> Iterator[LocalRay]:
+    """A local Ray head with token authentication on (``token_head.token``)."""
+    with local_ray(token=secrets.token_hex(16)) as cluster:
+        yield cluster
 
 
 def _host(slice_name: str, worker: int) -> dict:
@@ -64,56 +74,58 @@ def _wait(check, timeout_s: float, what: str):
         time.sleep(1)
 
 
+@pytest.mark.ray
+@pytest.mark.timeout(500)
 def test_status_shows_slices_jobs_and_error_classes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+    token_head: LocalRay, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    token = secrets.token_hex(16)
-    headers = {"Authorization": f"Bearer {token}"}
-    with local_ray(token=token) as cluster:
-        for slice_name, worker in (("train-0", 0), ("train-0", 1), ("broken-0", 0)):
-            cluster.add_host(**_host(slice_name, worker))
-        jobs = f"{cluster.address}/api/jobs/"
-        held = requests.post(
-            jobs, json={"entrypoint": f'python -c "{HOLD}"'}, headers=headers, timeout=30
+    cluster, token = token_head, token_head.token
+    assert token
+    headers = token_head.headers
+    for slice_name, worker in (("train-0", 0), ("train-0", 1), ("broken-0", 0)):
+        cluster.add_host(**_host(slice_name, worker))
+    jobs = f"{cluster.address}/api/jobs/"
+    held = requests.post(
+        jobs, json={"entrypoint": f'python -c "{HOLD}"'}, headers=headers, timeout=30
+    )
+    failed = requests.post(
+        jobs, json={"entrypoint": f'python -c "{FAIL}"'}, headers=headers, timeout=30
+    )
+    held_id, failed_id = held.json()["submission_id"], failed.json()["submission_id"]
+
+    def logs(job: str) -> str:
+        return requests.get(f"{jobs}{job}/logs", headers=headers, timeout=30).json()["logs"]
+
+    def status(job: str) -> str:
+        return requests.get(f"{jobs}{job}", headers=headers, timeout=30).json()["status"]
+
+    _wait(lambda: "held" in logs(held_id), 180, "placement group held")
+    _wait(lambda: status(failed_id) == "FAILED", 120, "failed job")
+
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(
+        json.dumps(
+            {
+                **STACK,
+                "rayClusters": {
+                    "train": {
+                        "namespace": "ray",
+                        "slice": "train",
+                        "headService": "train-head-svc",
+                        "auth": "secret",
+                        "authSecret": "train-ray-auth",
+                    }
+                },
+            }
         )
-        failed = requests.post(
-            jobs, json={"entrypoint": f'python -c "{FAIL}"'}, headers=headers, timeout=30
-        )
-        held_id, failed_id = held.json()["submission_id"], failed.json()["submission_id"]
-
-        def logs(job: str) -> str:
-            return requests.get(f"{jobs}{job}/logs", headers=headers, timeout=30).json()["logs"]
-
-        def status(job: str) -> str:
-            return requests.get(f"{jobs}{job}", headers=headers, timeout=30).json()["status"]
-
-        _wait(lambda: "held" in logs(held_id), 180, "placement group held")
-        _wait(lambda: status(failed_id) == "FAILED", 120, "failed job")
-
-        outputs = tmp_path / "outputs.json"
-        outputs.write_text(
-            json.dumps(
-                {
-                    **STACK,
-                    "rayClusters": {
-                        "train": {
-                            "namespace": "ray",
-                            "slice": "train",
-                            "headService": "train-head-svc",
-                            "auth": "secret",
-                            "authSecret": "train-ray-auth",
-                        }
-                    },
-                }
-            )
-        )
-        bin_dir = fake_kubectl(tmp_path / "bin", "train-ray-auth", token)
-        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-        argv = ["status", "--stack", "dev", "--outputs", str(outputs), "--address", cluster.address]
-        assert cli.main([*argv, "--json"]) == 0
-        found = json.loads(capsys.readouterr().out)
-        assert cli.main(argv) == 0
-        tables = capsys.readouterr().out
+    )
+    bin_dir = fake_kubectl(tmp_path / "bin", "train-ray-auth", token)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    argv = ["status", "--stack", "dev", "--outputs", str(outputs), "--address", cluster.address]
+    assert cli.main([*argv, "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert cli.main(argv) == 0
+    tables = capsys.readouterr().out
 
     slices = {s["name"]: s for s in found["slices"]}
     assert slices["train-0"]["state"] == "reserved"
@@ -128,22 +140,24 @@ def test_status_shows_slices_jobs_and_error_classes(
     assert "train-0" in tables and "reserved" in tables and "network_timeout" in tables
 
 
-def test_status_without_the_token_is_refused(tmp_path: Path, capsys) -> None:
-    with local_ray(token=secrets.token_hex(16)) as cluster:
-        outputs = tmp_path / "outputs.json"
-        outputs.write_text(
-            json.dumps(
-                {
-                    **STACK,
-                    "rayClusters": {
-                        "train": {"namespace": "ray", "slice": "train", "headService": "h"}
-                    },
-                }
-            )
+@pytest.mark.ray
+@pytest.mark.timeout(500)
+def test_status_without_the_token_is_refused(token_head: LocalRay, tmp_path: Path, capsys) -> None:
+    cluster = token_head
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(
+        json.dumps(
+            {
+                **STACK,
+                "rayClusters": {
+                    "train": {"namespace": "ray", "slice": "train", "headService": "h"}
+                },
+            }
         )
-        code = cli.main(
-            ["status", "--stack", "dev", "--outputs", str(outputs), "--address", cluster.address]
-        )
+    )
+    code = cli.main(
+        ["status", "--stack", "dev", "--outputs", str(outputs), "--address", cluster.address]
+    )
     assert code != 0
     assert "refused the credential" in capsys.readouterr().err
 
@@ -198,19 +212,20 @@ def test_serve_apps_from_serve_api() -> None:
     assert (apps["broken"].status, apps["broken"].error_class) == ("DEPLOY_FAILED", "bad_input")
 
 
-def test_dashboard_proxy_adds_the_credential() -> None:
+@pytest.mark.ray
+@pytest.mark.timeout(500)
+def test_dashboard_proxy_adds_the_credential(token_head: LocalRay) -> None:
     """``raytpu dashboard``'s local proxy: the browser's requests reach a token-auth head."""
     from raytpu_cli.dashboard import auth_proxy
     from workloads.local_cluster import free_port
 
-    token = secrets.token_hex(16)
-    with local_ray(token=token) as cluster:
-        assert requests.get(f"{cluster.address}/api/version", timeout=30).status_code in (401, 403)
-        headers = {"Authorization": f"Bearer {token}"}
-        with auth_proxy(cluster.address, headers, free_port()) as url:
-            version = requests.get(f"{url}/api/version", timeout=30)
-            assert version.status_code == 200 and "ray_version" in version.json()
-            page = requests.get(f"{url}/", timeout=30)
-            assert page.status_code == 200
-        with pytest.raises(requests.exceptions.ConnectionError):
-            requests.get(f"{url}/api/version", timeout=5)  # the proxy is gone
+    cluster, token = token_head, token_head.token
+    assert requests.get(f"{cluster.address}/api/version", timeout=30).status_code in (401, 403)
+    headers = {"Authorization": f"Bearer {token}"}
+    with auth_proxy(cluster.address, headers, free_port()) as url:
+        version = requests.get(f"{url}/api/version", timeout=30)
+        assert version.status_code == 200 and "ray_version" in version.json()
+        page = requests.get(f"{url}/", timeout=30)
+        assert page.status_code == 200
+    with pytest.raises(requests.exceptions.ConnectionError):
+        requests.get(f"{url}/api/version", timeout=5)  # the proxy is gone

@@ -1,0 +1,55 @@
+"""The environment of the test session: set before any test module is collected, so the test
+process and everything it starts (Ray nodes and their workers, Ray jobs, ``raytpu demo``
+subprocesses, which all inherit it) see it. A value already set in the environment is kept.
+
+- ``NO_GCE_CHECK=true``: the tests never run on a Google Compute Engine VM, so Google's auth
+  library must not probe for a metadata server. Without it, building a ``gs://`` filesystem with
+  no GCS emulator in the environment (``workloads.storage.ray_train_storage``) waits ~13 s for
+  that probe to time out before it falls back to anonymous access. google-auth reads the
+  variable once, when it is first imported: hence at configure time, not in a fixture.
+- ``JAX_COMPILATION_CACHE_DIR``: one JAX persistent compilation cache for the session (a fresh
+  temp folder, removed at the end), for every entry (``..._MIN_COMPILE_TIME_SECS=0``). The same
+  model is compiled again and again (each training run's hosts, each Serve replica's batch
+  sizes, each ``raytpu demo`` run); from the cache each costs a fraction of a compile. On GKE
+  the hosts of a stack can share such a cache in its bucket, so the simulated hosts sharing one
+  shares nothing a real host could not.
+- ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.5``: Ray Train v2's controller polls its workers every
+  2 s by default, and a worker's ``ray.train.report`` (each ``log_every`` steps and at the end)
+  waits for that poll; the tests' short runs spent most of those seconds waiting.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+_SET: dict[str, str] = {}
+"""The variables this session set (to undo at the end)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    wanted = {
+        "NO_GCE_CHECK": "true",
+        "JAX_COMPILATION_CACHE_DIR": "",
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+    }
+    for name, value in wanted.items():
+        if name in os.environ:
+            continue
+        if name == "JAX_COMPILATION_CACHE_DIR":
+            value = tempfile.mkdtemp(prefix="raytpu-jax-cache-")
+        os.environ[name] = _SET[name] = value
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for name, value in _SET.items():
+        if os.environ.get(name) == value:
+            del os.environ[name]
+    cache = _SET.pop("JAX_COMPILATION_CACHE_DIR", None)
+    if cache:
+        shutil.rmtree(cache, ignore_errors=True)
+    _SET.clear()
