@@ -4,7 +4,7 @@ A checkpoint of the workload's model (:mod:`workloads.model`, freshly initialise
 cost does not depend on the weights) is saved with :func:`workloads.checkpoint.save_state`. Then, in
 the same run:
 
-- **in-process**: :func:`workloads.model.generate` called directly in this process, one prompt
+- **in-process**: :func:`workloads.decode.generate` called directly in this process, one prompt
   per call and ``MAX_BATCH_SIZE`` prompts per call: the floor the HTTP path is compared with;
 - **HTTP, dynamic batching**: the real application (:func:`workloads.serve.build_app`, its
   ``@serve.batch`` settings) deployed with :func:`workloads.serve.deploy` on a local slice
@@ -126,7 +126,7 @@ class InProcessModel:
         self._calls = 0
 
     def measure(self, batch: int, calls: int) -> dict[str, Any]:
-        from workloads.model import generate
+        from workloads.decode import generate
 
         prompts = [PROMPT] * batch
         tokens = [self.max_new_tokens] * batch

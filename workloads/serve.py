@@ -237,7 +237,7 @@ class TextGenerator:
             self._run([PAD_REQUEST] * size)
 
     def _run(self, requests: list[GenerateRequest]) -> list[str]:
-        from workloads.model import generate
+        from workloads.decode import generate
 
         self._calls += 1
         batch = pad_to_bucket(requests, self._buckets)
@@ -257,11 +257,15 @@ class TextGenerator:
         and the sharding of one batch and of its logits, read off the arrays themselves."""
         import jax
 
-        from workloads import model
+        from workloads import decode
 
         rows = self._buckets[0]
-        tokens = model.place_batch(model.prompt_windows(self._cfg, [" "] * rows), self._mesh)
-        logits = model.next_logits(self._params, self._cfg, tokens)
+        kv = decode.new_cache(self._cfg, rows, self._mesh)
+        ids = [decode.prompt_ids(self._cfg, " ", 1)] * rows
+        state = decode.prefill(
+            self._params, self._cfg, kv, ids, [0] * rows, [0.0] * rows, 0, self._mesh
+        )
+        tokens, logits = state.positions, state.logits
         return {
             "local_devices": [str(d) for d in jax.local_devices()],
             "param_devices": sorted(
