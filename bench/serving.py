@@ -76,40 +76,13 @@ def write_checkpoint_process(directory: str, timeout_s: float = 300.0) -> None:
         raise RuntimeError(f"writing the checkpoint exited {done.returncode}")
 
 
-def unbatched_deployment() -> Any:
-    """The application's deployment class with dynamic batching turned off (batch size 1)."""
-    from ray import serve
-
-    from workloads.serve import TextGenerator
-
-    base = TextGenerator.func_or_class
-
-    class UnbatchedTextGenerator(base):  # type: ignore[misc, valid-type]
-        def __init__(self, checkpoint_dir: str) -> None:
-            super().__init__(checkpoint_dir)
-            self.generate_batch.set_max_batch_size(1)
-            self.generate_batch.set_batch_wait_timeout_s(0.0)
-
-    UnbatchedTextGenerator.__name__ = "UnbatchedTextGenerator"
-    UnbatchedTextGenerator.__qualname__ = "UnbatchedTextGenerator"
-    return serve.deployment(UnbatchedTextGenerator, name="TextGenerator")
-
-
 def build(checkpoint_dir: str, batching: bool, shape: catalog.SliceShape) -> Any:
-    """Both applications fit on the one serving host at once: each replica asks half its chips."""
-    from workloads.serve import build_app
+    """Both applications fit on the one serving host at once: each replica asks half its chips.
+    Without batching: the same deployment with batches of one request and no wait."""
+    from workloads.serve import ServeOptions, build_app
 
-    if batching:
-        return build_app(checkpoint_dir, tpu_per_replica=REPLICA_TPU)
-    return (
-        unbatched_deployment()
-        .options(
-            num_replicas=1,
-            max_ongoing_requests=32,
-            ray_actor_options={"resources": {"TPU": REPLICA_TPU}, "num_cpus": 0},
-        )
-        .bind(checkpoint_dir)
-    )
+    options = ServeOptions() if batching else ServeOptions(max_batch_size=1, batch_wait_s=0.0)
+    return build_app(checkpoint_dir, tpu_per_replica=REPLICA_TPU, options=options)
 
 
 # -- in-process ---------------------------------------------------------------------------------
