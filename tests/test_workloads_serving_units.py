@@ -30,9 +30,9 @@ def _run(batcher_kwargs, arrivals):
         batcher = AdaptiveBatcher(run, key=lambda item: item[1], **batcher_kwargs)
 
         async def one(item, delay):
-            with batcher.admit():
+            with batcher.admit() as ticket:
                 await asyncio.sleep(delay)
-                return await batcher.submit(item)
+                return await batcher.submit(item, ticket)
 
         results = await asyncio.wait_for(
             asyncio.gather(*(one((i, k), d) for i, k, d in arrivals)), timeout=30
@@ -82,8 +82,8 @@ def test_a_failed_batch_fails_each_of_its_requests():
 
     async def main():
         batcher = AdaptiveBatcher(run, max_batch=4, max_wait_s=1.0)
-        with batcher.admit(), pytest.raises(RuntimeError, match="model failed"):
-            await asyncio.wait_for(batcher.submit(1), 10)
+        with batcher.admit() as ticket, pytest.raises(RuntimeError, match="model failed"):
+            await asyncio.wait_for(batcher.submit(1, ticket), 10)
         assert batcher.depth == 0
 
     asyncio.run(main())

@@ -29,6 +29,13 @@ Result = TypeVar("Result")
 
 
 @dataclass
+class Ticket:
+    """An admitted request; ``queued`` once its item is in the queue."""
+
+    queued: bool = False
+
+
+@dataclass
 class _Waiting(Generic[Item]):
     item: Item
     key: Any
@@ -71,27 +78,33 @@ class AdaptiveBatcher(Generic[Item, Result]):
         return self._arriving + len(self._queue) + self._running
 
     @contextlib.contextmanager
-    def admit(self) -> Iterator[None]:
-        """Around a request from its arrival until it is submitted (or refused): while any
-        admitted request is not yet queued, a forming batch may wait for it."""
+    def admit(self) -> Iterator[Ticket]:
+        """Around a request from its arrival until it is queued (or refused): while any admitted
+        request is not yet queued, a forming batch may wait for it."""
+        ticket = Ticket()
         self._arriving += 1
         try:
-            yield
+            yield ticket
         finally:
-            self._arriving -= 1
-            self._poke()
+            if not ticket.queued:
+                self._arriving -= 1
+                self._poke()
 
-    async def submit(self, item: Item) -> Result:
-        """``item``'s result, once its batch has run (call inside :meth:`admit`)."""
+    def enqueue(self, item: Item, ticket: Ticket) -> asyncio.Future:
+        """Queue ``item`` (admitted with ``ticket``); the future resolves when its batch ran."""
+        if ticket.queued:
+            raise ValueError("ticket: already used; valid: one item per admitted request")
         self._ensure_loop()
         future = asyncio.get_running_loop().create_future()
         self._queue.append(_Waiting(item, self._key(item), future, time.monotonic()))
-        self._arriving -= 1  # queued now; admit's exit adds it back
+        ticket.queued = True
+        self._arriving -= 1
         self._poke()
-        try:
-            return await future
-        finally:
-            self._arriving += 1
+        return future
+
+    async def submit(self, item: Item, ticket: Ticket) -> Result:
+        """``item``'s result, once its batch has run."""
+        return await self.enqueue(item, ticket)
 
     def _poke(self) -> None:
         if self._changed is not None:

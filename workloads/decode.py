@@ -34,6 +34,7 @@ from workloads import model as m
 MIN_BUCKET = 16
 """Shortest prefill length: shorter prompts are padded to it (one compile covers them)."""
 PAD_TOKEN = ord(" ")
+_REPLICATED = jax.sharding.PartitionSpec()
 
 
 def length_bucket(length: int, limit: int) -> int:
@@ -70,6 +71,7 @@ class DecodeState:
     positions: jax.Array
     temperatures: jax.Array
     key: jax.Array
+    mesh: jax.sharding.Mesh | None = None
 
 
 @jax.jit
@@ -82,8 +84,12 @@ def pick(logits: jax.Array, temps: jax.Array, key: jax.Array) -> jax.Array:
 
 
 @functools.cache
-def _compiled(cfg: m.ModelConfig) -> dict[str, Any]:
+def _compiled(cfg: m.ModelConfig, mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
+    """The jitted programs for ``cfg``. With a ``mesh``, prefill and decode run per device on its
+    own rows (``shard_map`` over the ``data`` axis, parameters replicated): no collective at all,
+    where the partitioner would all-gather the cache for its scatter."""
     lm = m.DecoderLM(cfg)
+    rows, same = jax.sharding.PartitionSpec("data"), jax.sharding.PartitionSpec()
 
     def prefill(params, kv, tokens, starts, lengths):
         positions = starts[:, None] + jnp.arange(tokens.shape[1])[None, :]
@@ -93,11 +99,12 @@ def _compiled(cfg: m.ModelConfig) -> dict[str, Any]:
 
     def decode(params, kv, logits, positions, temps, key, steps, cap):
         out = jnp.zeros((logits.shape[0], cap), jnp.int32)
+        where = jax.lax.axis_index("data") if mesh is not None else 0
 
         def body(carry):
             i, kv, logits, positions, key, out = carry
             key, sub = jax.random.split(key)
-            token = pick(logits, temps, sub)
+            token = pick(logits, temps, jax.random.fold_in(sub, where) if mesh else sub)
             out = out.at[:, i].set(token)
             logits, kv = lm.apply({"params": params}, token[:, None], positions[:, None], kv)
             return i + 1, kv, logits[:, 0], positions + 1, key, out
@@ -105,6 +112,19 @@ def _compiled(cfg: m.ModelConfig) -> dict[str, Any]:
         carry = (jnp.int32(0), kv, logits, positions, key, out)
         _, kv, logits, positions, key, out = jax.lax.while_loop(lambda c: c[0] < steps, body, carry)
         return out, kv, logits, positions, key
+
+    def per_device(fn, in_specs, out_specs):
+        if mesh is None:
+            return fn
+        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+    def decode_sharded(params, kv, logits, positions, temps, key, steps, cap):
+        fn = per_device(
+            functools.partial(decode, cap=cap),
+            (same, rows, rows, rows, rows, same, same),
+            (rows, rows, rows, rows, same),
+        )
+        return fn(params, kv, logits, positions, temps, key, steps)
 
     def read_block(kv, row, start, size):
         return jnp.stack(
@@ -126,8 +146,10 @@ def _compiled(cfg: m.ModelConfig) -> dict[str, Any]:
         )
 
     return {
-        "prefill": jax.jit(prefill, donate_argnums=1),
-        "decode": jax.jit(decode, donate_argnums=1, static_argnames=("cap",)),
+        "prefill": jax.jit(
+            per_device(prefill, (same, rows, rows, rows, rows), (rows, rows)), donate_argnums=1
+        ),
+        "decode": jax.jit(decode_sharded, donate_argnums=1, static_argnames=("cap",)),
         "read_block": jax.jit(read_block, static_argnames=("size",)),
         "write_block": jax.jit(write_block, donate_argnums=0),
         "forward": jax.jit(lambda params, tokens: m.logits_fn(params, cfg, tokens)),
@@ -143,13 +165,29 @@ def new_cache(cfg: m.ModelConfig, rows: int, mesh: jax.sharding.Mesh | None) -> 
 
 
 def read_block(cfg: m.ModelConfig, kv: m.KVCache, row: int, start: int, size: int) -> jax.Array:
-    """Positions ``start..start+size`` of one row: ``[layers, 2 (k, v), size, heads, dim]``."""
+    """Positions ``start..start+size`` of one row: ``[layers, 2 (k, v), size, heads, dim]``,
+    read on the one device that holds the row (no collective)."""
+    first = kv[0][0]
+    if len(first.sharding.device_set) > 1:
+        (index,) = [
+            i for i, s in enumerate(first.addressable_shards) if _holds(s.index[0], row, first)
+        ]
+        row -= first.addressable_shards[index].index[0].start or 0
+        kv = jax.tree.map(lambda leaf: leaf.addressable_shards[index].data, kv)
     return _compiled(cfg)["read_block"](kv, row, start, size=size)
+
+
+def _holds(rows: slice, row: int, leaf: jax.Array) -> bool:
+    start, stop, _ = rows.indices(leaf.shape[0])
+    return start <= row < stop
 
 
 def write_block(cfg: m.ModelConfig, kv: m.KVCache, block: Any, row: int, start: int) -> m.KVCache:
     """``kv`` with :func:`read_block`'s ``block`` written back at ``row``, ``start`` (``kv`` is
     donated: use the returned cache)."""
+    sharding = kv[0][0].sharding
+    if len(sharding.device_set) > 1:  # a block from another device, the host or another replica
+        block = jax.device_put(block, jax.sharding.NamedSharding(sharding.mesh, _REPLICATED))
     return _compiled(cfg)["write_block"](kv, block, row, start)
 
 
@@ -174,9 +212,11 @@ def prefill(
     for row, (seq, start) in enumerate(zip(ids, begin, strict=True)):
         tokens[row, : len(seq) - start] = seq[start:]
     place = functools.partial(m.place_batch, mesh=mesh)
-    logits, kv = _compiled(cfg)["prefill"](params, kv, place(tokens), place(begin), place(lengths))
+    logits, kv = _compiled(cfg, mesh)["prefill"](
+        params, kv, place(tokens), place(begin), place(lengths)
+    )
     temps = place(np.asarray(temperatures, np.float32))
-    return DecodeState(kv, logits, place(lengths), temps, jax.random.PRNGKey(seed))
+    return DecodeState(kv, logits, place(lengths), temps, jax.random.PRNGKey(seed), mesh)
 
 
 def decode(
@@ -187,7 +227,7 @@ def decode(
     cap = cap or length_bucket(steps, max(steps, MIN_BUCKET) * 2)
     if not 1 <= steps <= cap:
         raise ValueError(f"steps: {steps} is not valid; valid: 1..{cap}")
-    out, kv, logits, positions, key = _compiled(cfg)["decode"](
+    out, kv, logits, positions, key = _compiled(cfg, state.mesh)["decode"](
         params,
         state.kv,
         state.logits,
@@ -197,7 +237,8 @@ def decode(
         jnp.int32(steps),
         cap=cap,
     )
-    return np.asarray(out)[:, :steps], DecodeState(kv, logits, positions, state.temperatures, key)
+    after = DecodeState(kv, logits, positions, state.temperatures, key, state.mesh)
+    return np.asarray(out)[:, :steps], after
 
 
 def generate_tokens(

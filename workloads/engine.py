@@ -16,8 +16,7 @@ from workloads import decode
 from workloads.prefix_cache import PrefixCache
 
 STREAM_CHUNK = 8
-"""Tokens per decode loop when streaming: the first chunk's arrival is the time to first token's
-upper bound."""
+"""Tokens per decode loop when streaming (after the first token, which comes alone)."""
 
 
 @dataclass(frozen=True)
@@ -97,21 +96,27 @@ class Engine:
         return [t[: r.max_new_tokens].tolist() for t, r in zip(tokens, rows, strict=False)], timing
 
     def stream(
-        self, rows: list[Row], seed: int, chunk: int = STREAM_CHUNK
+        self, rows: list[Row], seed: int, chunk: int = STREAM_CHUNK, timing: Timing | None = None
     ) -> Iterator[list[list[int]]]:
-        """Chunks of new tokens per row (a row's list is empty once it has all it asked for)."""
-        timing = Timing()
+        """New tokens per row in chunks: the first token alone (the time to first token is
+        prefill plus one step), then ``chunk`` at a time, each chunk one compiled decode loop.
+        A row's list is empty once it has all it asked for."""
+        timing = timing or Timing()
         state = self._prefill(rows, seed, timing)
         steps = max(r.max_new_tokens for r in rows)
         done = 0
+        began = time.perf_counter()
         while done < steps:
-            size = min(chunk, steps - done)
+            size = min(1 if done == 0 else chunk, steps - done)
             tokens, state = decode.decode(self.params, self.cfg, state, size, cap=chunk)
+            if done == 0:
+                timing.first_token_s = timing.prefill_s + time.perf_counter() - began
             yield [
                 t[: max(0, min(size, r.max_new_tokens - done))].tolist()
                 for t, r in zip(tokens, rows, strict=False)
             ]
             done += size
+        timing.decode_s = time.perf_counter() - began
 
     def warm_up(self) -> None:
         """Compile what a request needs, now: for each batch bucket the shortest prefill and

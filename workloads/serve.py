@@ -28,9 +28,10 @@ that one bad row answers only its own request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +93,14 @@ class ServeOptions:
     served_by: str = "tpu"
 
 
+@dataclass(frozen=True)
+class Job:
+    """One request in a batch; ``sink`` (streaming only) takes each chunk of its new tokens."""
+
+    request: GenerateRequest
+    sink: Callable[[list[int]], None] | None = None
+
+
 @serve.deployment(max_ongoing_requests=MAX_QUEUE + 16, health_check_timeout_s=30)
 class TextGenerator:
     """One replica: the latest checkpoint replicated on every chip of its host; adaptive batches
@@ -106,7 +115,10 @@ class TextGenerator:
 
         self._options = options = options or ServeOptions()
         self._mesh = model.local_mesh()
-        self._buckets = batch_buckets(self._mesh.size)
+        # Only the buckets a batch of at most max_batch_size requests can need.
+        every = batch_buckets(self._mesh.size)
+        largest = next((b for b in every if b >= options.max_batch_size), every[-1])
+        self._buckets = tuple(b for b in every if b <= largest)
         params, self._cfg, self._step = restore_params(
             checkpoint_dir, sharding=model.replicated(self._mesh)
         )
@@ -122,38 +134,51 @@ class TextGenerator:
             )
         self._engine = Engine(params, self._cfg, self._mesh, self._buckets, prefix, MAX_NEW_TOKENS)
         self._engine.warm_up()  # compile now, not on a request
-        self._batcher: AdaptiveBatcher[GenerateRequest, tuple[Any, dict[str, Any]]] = (
-            AdaptiveBatcher(
-                self._run_batch,
-                max_batch=min(options.max_batch_size, self._buckets[-1]),
-                max_wait_s=options.batch_wait_s,
-                key=self._length_key,
-                adaptive=options.adaptive,
-            )
+        self._batcher: AdaptiveBatcher[Job, tuple[Any, dict[str, Any]]] = AdaptiveBatcher(
+            self._run_batch,
+            max_batch=options.max_batch_size,
+            max_wait_s=options.batch_wait_s,
+            key=self._length_key,
+            adaptive=options.adaptive,
         )
         self._draining = False
         self._calls = 0
         self._timing = Timing()
 
-    def _length_key(self, request: GenerateRequest) -> int:
+    def _length_key(self, job: Job) -> tuple[bool, int]:
+        """Streaming and whole requests batch apart; within each, by prompt length bucket."""
         from workloads import decode
 
+        request = job.request
         ids = decode.prompt_ids(self._cfg, request.prompt, request.max_new_tokens)
-        return decode.length_bucket(len(ids), self._cfg.context_len)
+        return job.sink is not None, decode.length_bucket(len(ids), self._cfg.context_len)
 
-    def _generate(self, requests: list[GenerateRequest]) -> list[str]:
+    def _generate(self, jobs: list[Job]) -> list[str]:
+        """Completions of a batch (``""`` for streamed jobs: their tokens went to the sinks)."""
         from workloads.engine import Row, Timing
         from workloads.model import decode as text
 
         self._calls += 1
-        rows = [Row(r.prompt, r.max_new_tokens, r.temperature) for r in requests]
+        rows = [
+            Row(j.request.prompt, j.request.max_new_tokens, j.request.temperature) for j in jobs
+        ]
         self._timing = Timing()
-        tokens, self._timing = self._engine.generate(rows, seed=self._calls)
-        return [text(t) for t in tokens]
+        if jobs[0].sink is None:
+            tokens, self._timing = self._engine.generate(rows, seed=self._calls)
+            return [text(t) for t in tokens]
+        for chunk in self._engine.stream(rows, seed=self._calls, timing=self._timing):
+            for job, tokens in zip(jobs, chunk, strict=False):
+                if tokens and job.sink is not None:
+                    job.sink(tokens)
+        return [""] * len(jobs)
 
-    async def _run_batch(self, requests: list[GenerateRequest]) -> list[tuple[Any, dict]]:
+    async def _run_batch(self, jobs: list[Job]) -> list[tuple[Any, dict]]:
         began = time.monotonic()
-        results = await asyncio.to_thread(run_isolated, requests, self._generate)
+        if jobs[0].sink is None:
+            results = await asyncio.to_thread(run_isolated, jobs, self._generate)
+        else:  # streamed tokens cannot be taken back: no per-row retry
+            results = await asyncio.to_thread(self._generate, jobs)
+        requests = [job.request for job in jobs]
         compute_s = time.monotonic() - began
         timing = self._timing
         steps = max(r.max_new_tokens for r in requests)
@@ -222,7 +247,7 @@ class TextGenerator:
             for item in refusal(503, message, route, RETRY_AFTER_S):
                 yield item
             return
-        with self._batcher.admit():
+        with self._batcher.admit() as ticket:
             try:
                 if route == openai_api.MODELS:
                     reply = openai_api.models(options.model_name)
@@ -239,45 +264,33 @@ class TextGenerator:
                 for item in refusal(error.status, str(error), route):
                     yield item
                 return
-            if not route:
-                result, extra = await self._batcher.submit(parsed)
-                (reply,) = render_replies([parsed], [result], extra)
-                yield Head(reply.status, headers={SERVED_BY: options.served_by})
-                yield reply.body
+            if route and request.stream:
+                chunks: asyncio.Queue[list[int]] = asyncio.Queue()
+                loop = asyncio.get_running_loop()
+                sink = functools.partial(loop.call_soon_threadsafe, chunks.put_nowait)
+                done = self._batcher.enqueue(Job(request.generate, sink), ticket)
+            else:
+                wanted = request.generate if route else parsed
+                result, extra = await self._batcher.submit(Job(wanted), ticket)
+        if not route:
+            (reply,) = render_replies([parsed], [result], extra)
+            yield Head(reply.status, headers={SERVED_BY: options.served_by})
+            yield reply.body
+            return
+        if not request.stream:
+            if isinstance(result, Exception):
+                for item in refusal(500, f"generation failed: {type(result).__name__}", route):
+                    yield item
                 return
-            if not request.stream:
-                result, extra = await self._batcher.submit(request.generate)
-                if isinstance(result, Exception):
-                    for item in refusal(500, f"generation failed: {type(result).__name__}", route):
-                        yield item
-                    return
-                completion = openai_api.Completion(request)
-                # No stop sequences: every request gets exactly its max_new_tokens bytes.
-                tokens = request.generate.max_new_tokens
-                reply = completion.whole(result, tokens, {"raytpu": extra})
-                yield Head(reply.status, headers={SERVED_BY: options.served_by})
-                yield reply.body
-                return
+            # No stop sequences: every request gets exactly its max_new_tokens bytes.
+            tokens = request.generate.max_new_tokens
+            reply = openai_api.Completion(request).whole(result, tokens, {"raytpu": extra})
+            yield Head(reply.status, headers={SERVED_BY: options.served_by})
+            yield reply.body
+            return
         yield Head(200, "text/event-stream", {SERVED_BY: options.served_by})
-        async for event in self._stream(request):
+        async for event in stream_events(openai_api.Completion(request), chunks, done):
             yield event
-
-    async def _stream(self, request: openai_api.OpenAIRequest) -> AsyncIterator[bytes]:
-        """SSE events, a decode loop of ``STREAM_CHUNK`` tokens each, holding the accelerator."""
-        from workloads.engine import Row
-
-        completion = openai_api.Completion(request)
-        wanted = request.generate
-        row = Row(wanted.prompt, wanted.max_new_tokens, wanted.temperature)
-        began = time.monotonic()
-        async with self._batcher.lock:
-            self._calls += 1
-            chunks = self._engine.stream([row], seed=self._calls)
-            while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
-                if completion.tokens == 0:
-                    telemetry.of(self).first_token(time.monotonic() - began)
-                last = completion.tokens + len(chunk[0]) >= wanted.max_new_tokens
-                yield completion.event(chunk[0], last)
 
     @telemetry.instrument_http
     async def __call__(self, request: Any) -> Any:
@@ -289,6 +302,25 @@ class TextGenerator:
         parts = self.respond(request.method, request.url.path, body)
         head = await anext(parts)
         return await respond_http(head, parts)
+
+
+async def stream_events(
+    completion: openai_api.Completion, chunks: asyncio.Queue, done: asyncio.Future
+) -> AsyncIterator[bytes]:
+    """SSE events for the chunks a streaming batch puts in ``chunks``, until the request has all
+    its tokens; the batch's failure (``done``'s exception) is raised if it ends early."""
+    wanted = completion.request.generate.max_new_tokens
+    while completion.tokens < wanted:
+        getter = asyncio.ensure_future(chunks.get())
+        await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            tokens = getter.result()
+            yield completion.event(tokens, last=completion.tokens + len(tokens) >= wanted)
+            continue
+        getter.cancel()
+        if chunks.empty():
+            done.result()  # the batch failed: its exception
+            raise RuntimeError(f"stream ended after {completion.tokens} of {wanted} tokens")
 
 
 def build_app(
