@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -38,7 +39,7 @@ from typing import Any
 from ray import serve
 
 from raytpu.catalog import RAY_TPU_REQUEST_SIZES, SliceShape
-from raytpu.entrypoints import CHECKPOINT_ENV, SERVE_TPU_DEFAULT
+from raytpu.entrypoints import CHECKPOINT_ENV, SERVE_FALLBACK_ENV, SERVE_TPU_DEFAULT
 from raytpu.entrypoints import SERVE_TPU_ENV as TPU_ENV
 from raytpu.ray_names import LABEL_POD_TYPE, LABEL_TOPOLOGY
 from workloads import openai_api, telemetry
@@ -389,8 +390,32 @@ def _app_from_env() -> Any:
         valid = ", ".join(str(n) for n in RAY_TPU_REQUEST_SIZES)
         raise ValueError(f"{TPU_ENV}: {tpu!r} is not valid; valid: {valid}")
     return build_app(
-        os.environ.get(CHECKPOINT_ENV, DEFAULT_CHECKPOINT_DIR), tpu_per_replica=int(tpu)
+        os.environ.get(CHECKPOINT_ENV, DEFAULT_CHECKPOINT_DIR),
+        tpu_per_replica=int(tpu),
+        fallback=fallback_from_env(os.environ.get(SERVE_FALLBACK_ENV, "")),
     )
+
+
+def fallback_from_env(text: str) -> FallbackConfig | None:
+    """``RAYTPU_SERVE_FALLBACK`` (JSON of :class:`FallbackConfig`'s fields, from the stack's
+    ``rayServices[].fallback``); empty: no fallback."""
+    if not text:
+        return None
+    try:
+        fields = json.loads(text)
+    except ValueError as error:
+        raise ValueError(
+            f"{SERVE_FALLBACK_ENV}: not valid JSON ({error}); valid: an object"
+        ) from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"{SERVE_FALLBACK_ENV}: {text!r} is not valid; valid: a JSON object")
+    known = set(FallbackConfig.__dataclass_fields__)
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(
+            f"{SERVE_FALLBACK_ENV}.{unknown[0]}: unknown; valid: {', '.join(sorted(known))}"
+        )
+    return FallbackConfig(**fields)
 
 
 app = _app_from_env()
