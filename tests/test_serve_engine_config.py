@@ -155,3 +155,52 @@ def test_bad_serving_keys_name_the_field_and_the_valid_values(raw, keys, shown, 
     matching = [e for e in caught.value.errors if f"{RS}[0].{shown}" in e]
     assert matching, caught.value.errors
     assert valid in matching[0].split("; valid: ", 1)[1], matching[0]
+
+
+# ------------------------------------------------------------------ policy on the generated object
+def _llm_props(raw: dict[str, Any], edit=None) -> dict[str, Any]:
+    stack = parse_config(_service(raw, engine="vllm", importPath=None, llm=LLM))
+    spec = kuberay.ray_service_spec(stack, stack.ray_services[0])
+    if edit is not None:
+        config = yaml.safe_load(spec["serveConfigV2"])
+        edit(config["applications"][0]["args"]["llm_configs"][0])
+        spec["serveConfigV2"] = yaml.safe_dump(config)
+    return {"kind": "RayService", "spec": spec}
+
+
+def _kwargs(key: str, value: Any):
+    return lambda llm: llm["engine_kwargs"].__setitem__(key, value)
+
+
+POLICY = [
+    ("as-generated", None, []),
+    ("tp-8-on-4-chips", _kwargs("tensor_parallel_size", 8), ["tensor_parallel_size: 8 is not"]),
+    ("tp-1", _kwargs("tensor_parallel_size", 1), ["set it to 4"]),
+    ("no-prefix-cache", _kwargs("enable_prefix_caching", False), ["enable_prefix_caching: False"]),
+    (
+        "wrong-accelerator",
+        lambda llm: llm.__setitem__("accelerator_type", "TPU-V5P"),
+        ["accelerator_type: 'TPU-V5P' is not the serving slice's TPU-V6E"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("edit", "fragments"), [p[1:] for p in POLICY], ids=[p[0] for p in POLICY])
+def test_llm_engine_policy_on_the_declared_rayservice(raw, edit, fragments) -> None:
+    from policies.rules.serve_llm import check_llm_engine
+
+    violations = check_llm_engine(_llm_props(raw, edit))
+    assert len(violations) == len(fragments), violations
+    for violation, fragment in zip(violations, fragments, strict=True):
+        assert fragment in violation and "spec.serveConfigV2 applications[0]" in violation
+
+
+def test_llm_engine_policy_ignores_the_built_in_app_and_refuses_bad_yaml(raw) -> None:
+    from policies.rules.serve_llm import check_llm_engine
+
+    stack = parse_config(raw)
+    props = {"kind": "RayService", "spec": kuberay.ray_service_spec(stack, stack.ray_services[0])}
+    assert check_llm_engine(props) == []
+    props["spec"]["serveConfigV2"] = "applications: [unclosed"
+    (violation,) = check_llm_engine(props)
+    assert violation.startswith("spec.serveConfigV2: not valid YAML")

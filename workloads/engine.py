@@ -119,19 +119,18 @@ class Engine:
         timing.decode_s = time.perf_counter() - began
 
     def warm_up(self) -> None:
-        """Compile what a request needs, now: for each batch bucket the shortest prefill and
-        both decode loop widths (whole completions and stream chunks); for the smallest bucket
-        every prefill length bucket up to ``context_len``. The prefix cache is left out."""
+        """Compile what a request needs, now: for each batch bucket, the prefill of every
+        length bucket up to ``context_len`` and both decode loop widths (whole completions and
+        stream chunks). The prefix cache is left out."""
         prefix, self.prefix = self.prefix, None
         try:
             for size in self.buckets:
                 rows = [PAD_ROW] * size
-                self.generate(rows, seed=0)
                 for _ in self.stream(rows, seed=0):
                     pass
-            length = decode.MIN_BUCKET * 2
-            while length <= self.cfg.context_len:
-                self.generate([Row("x" * (length - 1), 1, 0.0)], seed=0)
-                length *= 2
+                length = decode.MIN_BUCKET
+                while length <= self.cfg.context_len:
+                    self.generate([Row("x" * (length - 1), 1, 0.0)] * size, seed=0)
+                    length *= 2
         finally:
             self.prefix = prefix
