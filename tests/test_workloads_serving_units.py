@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -236,3 +237,121 @@ def test_upstream_retries_are_bounded(upstream, monkeypatch, answers, status, at
 def test_fallback_config_names_the_bad_field(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace("'", "'")):
         FallbackConfig(**kwargs)
+
+
+# ------------------------------------------------------------------------------ router, no Ray
+class _Stream:
+    """What ``handle.options(stream=True).respond.remote(...)`` returns: async parts."""
+
+    def __init__(self, parts, failure=None):
+        self._parts, self._failure, self.cancelled = list(parts), failure, False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self._failure is not None:
+            raise self._failure
+        if not self._parts:
+            raise StopAsyncIteration
+        return self._parts.pop(0)
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class _Handle:
+    """A deployment handle whose ``respond`` answers ``reply()`` (parts or an exception)."""
+
+    def __init__(self, reply):
+        self.reply, self.calls = reply, 0
+
+    def options(self, **_):
+        return self
+
+    @property
+    def respond(self):
+        return self
+
+    def remote(self, *_):
+        self.calls += 1
+        outcome = self.reply()
+        return _Stream([], outcome) if isinstance(outcome, BaseException) else _Stream(outcome)
+
+
+class _Request:
+    def __init__(self, path, body):
+        self.method, self._body = "POST", json.dumps(body).encode()
+        self.url = type("Url", (), {"path": path})()
+        self.headers = {"content-length": str(len(self._body))}
+
+    async def stream(self):
+        yield self._body
+
+
+def test_router_falls_back_while_the_tpu_deployment_is_unavailable_and_returns_after(upstream):
+    from ray.serve.exceptions import DeploymentUnavailableError
+
+    from workloads.serve_http import Head
+    from workloads.serve_router import Router
+
+    url, seen, _ = upstream
+    state = {"up": True}
+    ok = Head(200, headers={"X-Raytpu-Served-By": "tpu"})
+
+    def tpu_reply():
+        return [ok, b'{"completion": "tpu"}'] if state["up"] else DeploymentUnavailableError("tg")
+
+    tpu = _Handle(tpu_reply)
+    fallback = FallbackConfig("openai", url, "upstream-model", timeout_s=5, backoff_s=0)
+    router = Router.func_or_class(tpu, fallback, None, MODEL, 5.0)
+    body = {"prompt": "hello", "max_new_tokens": 4}
+
+    def ask():
+        response = asyncio.run(router(_Request("/generate", body)))
+        return response.status_code, response.headers["x-raytpu-served-by"], response.body
+
+    assert ask() == (200, "tpu", b'{"completion": "tpu"}') and not seen
+    state["up"] = False
+    status, served_by, raw = ask()
+    assert (status, served_by) == (200, "fallback-openai")
+    assert json.loads(raw)["completion"] == "stub says hi" and len(seen) == 1
+    state["up"] = True
+    assert ask()[:2] == (200, "tpu") and len(seen) == 1 and tpu.calls == 3
+
+
+def test_sharded_prefill_and_decode_run_without_collectives(tmp_path):
+    """On a 4-device mesh: XLA's CPU runtime deadlocks on collectives when programs overlap on
+    2 cores, and a collective per decode step would be slow anywhere."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "hlo.py"
+    script.write_text(
+        """
+import jax, jax.numpy as jnp, numpy as np
+from workloads import decode as d, model as m
+cfg = m.ModelConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, context_len=64)
+mesh = m.local_mesh()
+params = jax.device_put(m.init_state(cfg, jax.random.PRNGKey(0)).params, m.replicated(mesh))
+place = lambda x: m.place_batch(x, mesh)
+kv = d.new_cache(cfg, 4, mesh)
+fns = d._compiled(cfg, mesh)
+rows = place(np.ones(4, np.int32))
+texts = [
+    fns["prefill"].lower(params, kv, place(np.ones((4, 16), np.int32)), rows * 0, rows),
+    fns["decode"].lower(params, kv, place(np.zeros((4, 256), np.float32)), rows,
+                        place(np.zeros(4, np.float32)), jax.random.PRNGKey(0), jnp.int32(2), cap=8),
+]
+for lowered in texts:
+    hlo = lowered.compile().as_text()
+    assert not [op for op in ("all-gather", "all-reduce", "collective-permute") if op in hlo]
+print("ok")
+"""
+    )
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env["JAX_PLATFORMS"] = "cpu"
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
