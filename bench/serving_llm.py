@@ -16,7 +16,8 @@ Two parts, measured in the same run:
 2. **Decode cost** (in this process, the default model, ``context_len`` 1024): time per new token
    of the engine's decode loop (:func:`workloads.decode.decode`) at several prompt lengths, next
    to a bare jitted KV-cached decode of the same parameters (``lax.fori_loop`` of greedy steps,
-   nothing else) and to the uncached reference (every token re-runs the sequence).
+   nothing else; the two are called in turn, each repeat) and to the uncached reference (every
+   token re-runs the sequence).
 
     python -m bench.serving_llm [--rates 2 4 8] [--duration 20] [--seed 0]
 """
@@ -296,8 +297,7 @@ def decode_cost(repeats: int) -> list[dict[str, Any]]:
             bare(params, state.kv, token, state.positions).block_until_ready()
             return time.perf_counter() - began
 
-        engine_s = _median_of(engine, repeats) / DECODE_STEPS
-        bare_s = _median_of(bare_loop, repeats) / DECODE_STEPS
+        engine_s, bare_s = (t / DECODE_STEPS for t in _interleaved(engine, bare_loop, repeats))
         uncached_s = (
             timed(
                 lambda p=prompt: d.generate_tokens_uncached(
@@ -320,9 +320,15 @@ def decode_cost(repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _median_of(fn, repeats: int) -> float:
-    fn()  # compile
-    return _common.summarize([fn() for _ in range(repeats)]).median
+def _interleaved(first, second, repeats: int) -> tuple[float, float]:
+    """Medians of ``first()`` and ``second()`` (each returns its own seconds), called in turn so
+    that the load of other processes hits both alike."""
+    first(), second()  # compile
+    a, b = [], []
+    for _ in range(repeats):
+        a.append(first())
+        b.append(second())
+    return _common.summarize(a).median, _common.summarize(b).median
 
 
 # -- report -------------------------------------------------------------------------------------
