@@ -58,7 +58,9 @@ def serving(checkpoint):
             serving_module.build_app(
                 checkpoint,
                 V6E_2X2,
-                options=serving_module.ServeOptions(batch_wait_s=BATCH_WAIT_S, adaptive=False),
+                options=serving_module.ServeOptions(
+                    batch_wait_s=BATCH_WAIT_S, adaptive=False, max_batch_size=4, precompile=False
+                ),
             ),
             port=free_port(),
             timeout_s=240,

@@ -118,10 +118,11 @@ class Engine:
             done += size
         timing.decode_s = time.perf_counter() - began
 
-    def warm_up(self) -> None:
-        """Compile what a request needs, now: for each batch bucket, the prefill of every
-        length bucket up to ``context_len`` and both decode loop widths (whole completions and
-        stream chunks). The prefix cache is left out."""
+    def warm_up(self, every_length: bool = True) -> None:
+        """Compile what a request needs, now: for each batch bucket both decode loop widths
+        (whole completions and stream chunks) and the prefill of every length bucket up to
+        ``context_len`` (only the shortest unless ``every_length``: the others then compile on
+        the first request that needs them). The prefix cache is left out."""
         prefix, self.prefix = self.prefix, None
         try:
             for size in self.buckets:
@@ -129,7 +130,7 @@ class Engine:
                 for _ in self.stream(rows, seed=0):
                     pass
                 length = decode.MIN_BUCKET
-                while length <= self.cfg.context_len:
+                while length <= (self.cfg.context_len if every_length else decode.MIN_BUCKET):
                     self.generate([Row("x" * (length - 1), 1, 0.0)] * size, seed=0)
                     length *= 2
         finally:

@@ -92,6 +92,8 @@ class ServeOptions:
     max_queue: int = MAX_QUEUE
     model_name: str = MODEL_NAME
     served_by: str = "tpu"
+    precompile: bool = True
+    """Compile every prompt-length bucket at start (False: only the shortest; tests)."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ class TextGenerator:
                 on_counts=telemetry.of(self).prefix,
             )
         self._engine = Engine(params, self._cfg, self._mesh, self._buckets, prefix, MAX_NEW_TOKENS)
-        self._engine.warm_up()  # compile now, not on a request
+        self._engine.warm_up(options.precompile)  # compile now, not on a request
         self._batcher: AdaptiveBatcher[Job, tuple[Any, dict[str, Any]]] = AdaptiveBatcher(
             self._run_batch,
             max_batch=options.max_batch_size,
