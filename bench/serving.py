@@ -207,7 +207,7 @@ def run(
         raise ValueError(f"--rounds: {rounds!r} is not valid; valid: 1 or more")
     shape = serve_shape()
     modes = {
-        "batched": f"HTTP, batching (max {MAX_BATCH_SIZE}, wait {BATCH_WAIT_S * 1000:g} ms)",
+        "batched": f"HTTP, adaptive batching (max {MAX_BATCH_SIZE}, wait <= {BATCH_WAIT_S * 1000:g} ms)",
         "unbatched": "HTTP, no batching",
     }
     samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
