@@ -4,7 +4,7 @@ A checkpoint of the workload's model (:mod:`workloads.model`, freshly initialise
 cost does not depend on the weights) is saved with :func:`workloads.checkpoint.save_state`. Then, in
 the same run:
 
-- **in-process**: :func:`workloads.model.generate` called directly in this process, one prompt
+- **in-process**: :func:`workloads.decode.generate` called directly in this process, one prompt
   per call and ``MAX_BATCH_SIZE`` prompts per call: the floor the HTTP path is compared with;
 - **HTTP, dynamic batching**: the real application (:func:`workloads.serve.build_app`, its
   ``@serve.batch`` settings) deployed with :func:`workloads.serve.deploy` on a local slice
@@ -76,40 +76,13 @@ def write_checkpoint_process(directory: str, timeout_s: float = 300.0) -> None:
         raise RuntimeError(f"writing the checkpoint exited {done.returncode}")
 
 
-def unbatched_deployment() -> Any:
-    """The application's deployment class with dynamic batching turned off (batch size 1)."""
-    from ray import serve
-
-    from workloads.serve import TextGenerator
-
-    base = TextGenerator.func_or_class
-
-    class UnbatchedTextGenerator(base):  # type: ignore[misc, valid-type]
-        def __init__(self, checkpoint_dir: str) -> None:
-            super().__init__(checkpoint_dir)
-            self.generate_batch.set_max_batch_size(1)
-            self.generate_batch.set_batch_wait_timeout_s(0.0)
-
-    UnbatchedTextGenerator.__name__ = "UnbatchedTextGenerator"
-    UnbatchedTextGenerator.__qualname__ = "UnbatchedTextGenerator"
-    return serve.deployment(UnbatchedTextGenerator, name="TextGenerator")
-
-
 def build(checkpoint_dir: str, batching: bool, shape: catalog.SliceShape) -> Any:
-    """Both applications fit on the one serving host at once: each replica asks half its chips."""
-    from workloads.serve import build_app
+    """Both applications fit on the one serving host at once: each replica asks half its chips.
+    Without batching: the same deployment with batches of one request and no wait."""
+    from workloads.serve import ServeOptions, build_app
 
-    if batching:
-        return build_app(checkpoint_dir, tpu_per_replica=REPLICA_TPU)
-    return (
-        unbatched_deployment()
-        .options(
-            num_replicas=1,
-            max_ongoing_requests=32,
-            ray_actor_options={"resources": {"TPU": REPLICA_TPU}, "num_cpus": 0},
-        )
-        .bind(checkpoint_dir)
-    )
+    options = ServeOptions() if batching else ServeOptions(max_batch_size=1, batch_wait_s=0.0)
+    return build_app(checkpoint_dir, tpu_per_replica=REPLICA_TPU, options=options)
 
 
 # -- in-process ---------------------------------------------------------------------------------
@@ -126,7 +99,7 @@ class InProcessModel:
         self._calls = 0
 
     def measure(self, batch: int, calls: int) -> dict[str, Any]:
-        from workloads.model import generate
+        from workloads.decode import generate
 
         prompts = [PROMPT] * batch
         tokens = [self.max_new_tokens] * batch
@@ -234,7 +207,7 @@ def run(
         raise ValueError(f"--rounds: {rounds!r} is not valid; valid: 1 or more")
     shape = serve_shape()
     modes = {
-        "batched": f"HTTP, batching (max {MAX_BATCH_SIZE}, wait {BATCH_WAIT_S * 1000:g} ms)",
+        "batched": f"HTTP, adaptive batching (max {MAX_BATCH_SIZE}, wait <= {BATCH_WAIT_S * 1000:g} ms)",
         "unbatched": "HTTP, no batching",
     }
     samples: dict[tuple[str, int], list[dict[str, Any]]] = {}

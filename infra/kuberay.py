@@ -15,6 +15,7 @@ Glossary (KubeRay's and Ray's words):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,13 +28,18 @@ from infra.config import (
     StackConfig,
     WorkerResources,
 )
+from infra.config.schema import ServeFallbackConfig
 from infra.kueue_spec import workload_labels
 from infra.ray_access import RAY_OBJECT_LABEL
 from raytpu.catalog import TPU_RESOURCE, TPU_TAINT_KEY, SliceShape
 from raytpu.entrypoints import (
     CHECKPOINT_ENV,
+    FALLBACK_KEY_ENV,
+    LLM_IMPORT_PATH,
     SERVE_DEPLOYMENT,
+    SERVE_FALLBACK_ENV,
     SERVE_IMPORT_PATH,
+    SERVE_TPU_ENV,
     checkpoint_uri,
     serve_env,
     slice_env,
@@ -178,6 +184,8 @@ def _cluster_spec(
         {"name": k, "value": v}
         for k, v in slice_env(stack_name, obj.name, obj.slice, shape).items()
     ]
+    if isinstance(obj, RayServiceConfig):
+        env += secret_env(obj)
     spec = {
         "rayVersion": stack.ray_version,
         "authOptions": ray_auth.auth_options(stack.security.ray_auth, kind, obj.name),
@@ -263,7 +271,79 @@ def serve_config_v2(stack: StackConfig, service: RayServiceConfig) -> str:
     }
     if service.import_path == SERVE_IMPORT_PATH:
         app["deployments"] = [serve_deployment(stack, service)]
+    if service.fallback is not None:
+        env_vars[SERVE_FALLBACK_ENV] = json.dumps(fallback_env(service.fallback), sort_keys=True)
+    if service.engine == "vllm":
+        app = llm_application(stack, service, app)
     return yaml.safe_dump({"applications": [app]}, sort_keys=False)
+
+
+def fallback_env(fallback: ServeFallbackConfig) -> dict[str, Any]:
+    """``workloads.fallback.FallbackConfig``'s fields for ``RAYTPU_SERVE_FALLBACK``: the key is
+    not among them (``RAYTPU_FALLBACK_API_KEY`` comes from the secret, :func:`secret_env`)."""
+    return {
+        "kind": fallback.kind,
+        "url": fallback.url,
+        "model": fallback.model,
+        "api_key_env": FALLBACK_KEY_ENV if fallback.api_key_secret else "",
+        "max_attempts": fallback.max_attempts,
+        "timeout_s": fallback.timeout_s,
+    }
+
+
+def llm_application(
+    stack: StackConfig, service: RayServiceConfig, app: dict[str, Any]
+) -> dict[str, Any]:
+    """The production engine path: Ray Serve LLM's OpenAI app (``build_openai_app``) with one
+    ``LLMConfig``: vLLM on the serving slice's accelerator, tensor parallel over all its chips,
+    automatic prefix caching on, one replica per slice between the RayService's bounds."""
+    llm = service.llm
+    if llm is None:
+        raise ValueError(f"rayServices {service.name}: engine vllm without llm settings")
+    shape = stack.slice(service.slice).shape
+    config = {
+        "model_loading_config": {"model_id": llm.model_id, "model_source": llm.model_source},
+        "accelerator_type": shape.ray_accelerator_type,
+        "deployment_config": {
+            "autoscaling_config": {
+                "min_replicas": service.min_replicas,
+                "initial_replicas": service.replicas,
+                "max_replicas": service.max_replicas,
+                "target_ongoing_requests": service.target_ongoing_requests,
+            }
+        },
+        "engine_kwargs": {
+            "tensor_parallel_size": shape.chips,
+            "enable_prefix_caching": True,
+            "max_model_len": llm.max_model_len,
+        },
+    }
+    runtime_env = {**app["runtime_env"]}
+    runtime_env["env_vars"] = {
+        k: v for k, v in runtime_env["env_vars"].items() if k not in (SERVE_TPU_ENV, CHECKPOINT_ENV)
+    }
+    return {
+        "name": app["name"],
+        "import_path": LLM_IMPORT_PATH,
+        "route_prefix": app["route_prefix"],
+        "runtime_env": runtime_env,
+        "args": {"llm_configs": [config]},
+    }
+
+
+def secret_env(service: RayServiceConfig) -> list[dict[str, Any]]:
+    """Pod environment filled from Kubernetes secrets: the fallback's API key, the Hugging Face
+    token of a gated model. Only names are in the manifest, never a value."""
+    refs = []
+    if service.fallback is not None and service.fallback.api_key_secret:
+        refs.append((FALLBACK_KEY_ENV, service.fallback.api_key_secret))
+    if service.llm is not None and service.llm.hf_token_secret:
+        refs.append(("HF_TOKEN", service.llm.hf_token_secret))
+    env = []
+    for name, ref in refs:
+        secret, key = ref.split("/", 1)
+        env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+    return env
 
 
 def ray_service_spec(

@@ -31,6 +31,7 @@ from policies.rules import (
     ray_groups,
     ray_version,
     security,
+    serve_llm,
     stack,
 )
 from policies.values import get, plain
@@ -315,6 +316,19 @@ POLICIES: tuple[PolicySpec, ...] = (
         rule=exposure.check_workload_identity,
         applies_to=lambda t: t == CLUSTER,
         remediation="Set workloadIdentityConfig.workloadPool to PROJECT.svc.id.goog.",
+    ),
+    PolicySpec(
+        name="serve-llm-engine-uses-the-slice",
+        description=(
+            "A RayService serving with Ray Serve LLM (vLLM) runs tensor parallel over all chips "
+            "of its single-host TPU worker group, on that generation's accelerator type, with "
+            "prefix caching on."
+        ),
+        kind="resource",
+        rule=serve_llm.check_llm_engine,
+        applies_to=lambda t: ray_kind(t) == "RayService",
+        remediation="Set rayServices[].engine: vllm in the stack and let the program write the "
+        "LLMConfig (tensor_parallel_size = chips, accelerator_type, enable_prefix_caching).",
     ),
 )
 

@@ -27,6 +27,13 @@ SERVE_TPU_DEFAULT = MULTI_HOST_CHIPS_PER_HOST
 """Chips per replica when :data:`SERVE_TPU_ENV` is unset: a 4-chip host, which every generation has."""
 CHECKPOINT_ENV = "RAYTPU_CHECKPOINT_DIR"
 """Where ``workloads.serve:app`` finds the training checkpoints (``gs://...`` on GKE)."""
+SERVE_FALLBACK_ENV = "RAYTPU_SERVE_FALLBACK"
+"""JSON of ``workloads.fallback.FallbackConfig`` (no key in it): where requests go when the TPU
+deployment has no capacity."""
+FALLBACK_KEY_ENV = "RAYTPU_FALLBACK_API_KEY"
+"""The external fallback's API key, filled on every Ray pod from a Kubernetes secret."""
+LLM_IMPORT_PATH = "ray.serve.llm:build_openai_app"
+"""The production engine path: Ray Serve LLM's OpenAI app (vLLM; on TPU, vLLM's TPU backend)."""
 SERVE_DEPLOYMENT = "TextGenerator"
 """The deployment of ``workloads.serve:app`` (its class name): what a Serve config overrides."""
 DEFAULT_RUN = "train"

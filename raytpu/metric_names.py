@@ -126,6 +126,25 @@ SERVE_QUEUE = Metric("raytpu_serve_queue_depth", "gauge", "Requests in flight in
 SERVE_BATCH = Metric(
     "raytpu_serve_batch_size", "histogram", "Requests per generation batch", (), (1, 2, 4, 8, 16)
 )
+SERVE_TTFT = Metric(
+    "raytpu_serve_time_to_first_token_seconds",
+    "histogram",
+    "Time to first token: prefill (after the prefix cache) plus one decode step",
+    (),
+    (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+    "s",
+)
+SERVE_PREFIX_HITS = Metric(
+    "raytpu_serve_prefix_cache_hits",
+    "counter",
+    "Prompt KV blocks found in the prefix cache, by tier (device, host, shared)",
+    ("tier",),
+)
+SERVE_PREFIX_MISSES = Metric(
+    "raytpu_serve_prefix_cache_misses",
+    "counter",
+    "Full prompt KV blocks not found in any tier of the prefix cache (prefilled)",
+)
 
 ALL_METRICS: tuple[Metric, ...] = (
     RESERVATIONS,
@@ -142,4 +161,7 @@ ALL_METRICS: tuple[Metric, ...] = (
     SERVE_TPOT,
     SERVE_QUEUE,
     SERVE_BATCH,
+    SERVE_TTFT,
+    SERVE_PREFIX_HITS,
+    SERVE_PREFIX_MISSES,
 )

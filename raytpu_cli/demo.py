@@ -192,8 +192,12 @@ class DemoRun:
                     "serving: deploy and compile batch sizes", total=None, detail=""
                 )
                 stack.callback(serving.shutdown)
+                # The demo's prompts are short: compile the other prompt lengths on first use.
+                options = serving.ServeOptions(precompile=False)
                 handle = serving.deploy(
-                    serving.build_app(self.config.checkpoint_dir, serve_slice.shape),
+                    serving.build_app(
+                        self.config.checkpoint_dir, serve_slice.shape, options=options
+                    ),
                     port=free_port(),
                 )
                 bar.update(task, total=1, completed=1, detail="ready")

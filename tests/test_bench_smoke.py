@@ -159,3 +159,24 @@ def test_reservation_verdicts(speedup, partial, straddling, expected):
     lines = reservation.verdicts(result)
     assert [line.split(":")[0] for line in lines] == expected
     assert f"{speedup:.1f}x" in lines[0]
+
+def test_serving_llm_trace_is_seeded_poisson_with_shared_system_prompts():
+    from bench import serving_llm
+
+    trace = serving_llm.trace(seed=3, rate=4.0, duration_s=50.0)
+    assert trace == serving_llm.trace(seed=3, rate=4.0, duration_s=50.0)
+    assert trace != serving_llm.trace(seed=4, rate=4.0, duration_s=50.0)
+    assert 140 <= len(trace) <= 260  # about rate x duration = 200 arrivals
+    times = [r.at_s for r in trace]
+    assert times == sorted(times) and times[-1] < 50.0
+    systems = {r.system for r in trace}
+    assert systems == {-1, 0, 1, 2}
+    shared = [r for r in trace if r.system >= 0]
+    assert len(shared) > 0.8 * len(trace)
+    heads = {r.system: r.prompt[: serving_llm.SYSTEM_LENGTHS[r.system]] for r in shared}
+    assert all(r.prompt.startswith(heads[r.system]) for r in shared)
+    assert {r.max_tokens for r in trace} == set(serving_llm.OUTPUT_LENGTHS)
+    assert serving_llm._hit_rate(
+        {"hits": {"device": 1, "host": 0, "shared": 0}, "misses": 3},
+        {"hits": {"device": 7, "host": 1, "shared": 0}, "misses": 5},
+    ) == pytest.approx(7 / 9)

@@ -193,7 +193,11 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             except TrainingError as error:
                 produced["nan"] = error
             handle = serving.deploy(
-                serving.build_app(config.checkpoint_dir, serve_slice.shape),
+                serving.build_app(
+                    config.checkpoint_dir,
+                    serve_slice.shape,
+                    options=serving.ServeOptions(precompile=False),  # short prompts only here
+                ),
                 port=free_port(),
                 timeout_s=180,
             )

@@ -251,7 +251,13 @@ def serving(trained):
 
     config, *_ = trained
     handle = serving_module.deploy(
-        serving_module.build_app(config.checkpoint_dir, V6E_2X2), port=free_port(), timeout_s=180
+        serving_module.build_app(
+            config.checkpoint_dir,
+            V6E_2X2,
+            options=serving_module.ServeOptions(precompile=False),  # short prompts only here
+        ),
+        port=free_port(),
+        timeout_s=180,
     )
     try:
         yield handle

@@ -18,7 +18,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
 V6E_2X2 = shape("v6e", "2x2")
 BATCH_WAIT_S = 8.0
 """Long enough that every good request sent at once joins the first batch (it fills no bucket
-of 8, so Serve waits the whole time): the batch is deterministic, not a race."""
+of 8, and batching is not adaptive here, so the batch waits the whole time): the batch is
+deterministic, not a race."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,13 @@ def serving(checkpoint):
 
     with LocalSliceCluster([Slice("serve", V6E_2X2, 1)]):
         handle = serving_module.deploy(
-            serving_module.build_app(checkpoint, V6E_2X2, batch_wait_s=BATCH_WAIT_S),
+            serving_module.build_app(
+                checkpoint,
+                V6E_2X2,
+                options=serving_module.ServeOptions(
+                    batch_wait_s=BATCH_WAIT_S, adaptive=False, max_batch_size=4, precompile=False
+                ),
+            ),
             port=free_port(),
             timeout_s=240,
         )

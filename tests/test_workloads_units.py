@@ -291,12 +291,60 @@ def test_restore_params_from_empty_dir_names_it(tmp_path):
 def test_generate_respects_per_request_lengths():
     import jax
 
+    from workloads import decode as d
     from workloads import model as m
 
-    cfg = m.ModelConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, seq_len=32)
+    cfg = m.ModelConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, seq_len=32, context_len=64)
     params = m.init_state(cfg, jax.random.PRNGKey(0)).params
-    outs = m.generate_tokens(params, cfg, ["ab", "a longer prompt"], [3, 7], [0.0, 1.0])
+    outs = d.generate_tokens(params, cfg, ["ab", "a longer prompt"], [3, 7], [0.0, 1.0])
     assert [len(o) for o in outs] == [3, 7]
     assert all(0 <= t < m.VOCAB for row in outs for t in row)
-    greedy = m.generate_tokens(params, cfg, ["ab"], [4], [0.0])
-    assert greedy == m.generate_tokens(params, cfg, ["ab"], [4], [0.0], seed=99)
+    greedy = d.generate_tokens(params, cfg, ["ab"], [4], [0.0])
+    assert greedy == d.generate_tokens(params, cfg, ["ab"], [4], [0.0], seed=99)
+
+
+TINY_CONTEXT = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "context_len": 96}
+
+
+@pytest.mark.parametrize(
+    ("prompts", "lengths", "temperatures"),
+    [
+        (["ab", "a longer prompt than that", "x" * 70], [5, 9, 3], [0.0, 0.0, 0.0]),
+        (["ab", "a longer prompt than that", "x" * 70], [5, 9, 3], [1.0, 0.7, 0.0]),
+        (["y" * 200], [20], [0.0]),
+    ],
+    ids=["greedy-mixed-lengths", "sampled-same-seed", "prompt-longer-than-context"],
+)
+def test_kv_cached_decode_equals_the_uncached_reference(prompts, lengths, temperatures):
+    import jax
+
+    from workloads import decode as d
+    from workloads import model as m
+
+    cfg = m.ModelConfig(**TINY_CONTEXT)
+    params = m.init_state(cfg, jax.random.PRNGKey(1)).params
+    cached = d.generate_tokens(params, cfg, prompts, lengths, temperatures, seed=3)
+    assert cached == d.generate_tokens_uncached(params, cfg, prompts, lengths, temperatures, 3)
+    assert [len(row) for row in cached] == lengths
+
+
+def test_decode_resumes_and_a_cached_prefix_block_replaces_its_prefill():
+    """Chunks of a resumed decode equal one decode; a row whose first block is written from
+    another cache (start > 0) continues exactly as if it had prefilled it."""
+    import jax
+
+    from workloads import decode as d
+    from workloads import model as m
+
+    cfg = m.ModelConfig(**TINY_CONTEXT)
+    params = m.init_state(cfg, jax.random.PRNGKey(2)).params
+    ids = [d.prompt_ids(cfg, "The system prompt. Then the user", 8)]
+    whole = d.prefill(params, cfg, d.new_cache(cfg, 1, None), ids, [0], [0.0], seed=5)
+    block = d.read_block(cfg, whole.kv, 0, 0, 16)
+    once, _ = d.decode(params, cfg, whole, 8)
+
+    kv = d.write_block(cfg, d.new_cache(cfg, 1, None), block, 0, 0)
+    state = d.prefill(params, cfg, kv, ids, [16], [0.0], seed=5)
+    first, state = d.decode(params, cfg, state, 3)
+    rest, _ = d.decode(params, cfg, state, 5)
+    assert once.tolist() == [[*first[0].tolist(), *rest[0].tolist()]]

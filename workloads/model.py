@@ -1,7 +1,8 @@
 """A small decoder-only transformer byte-level language model (Flax linen + Optax AdamW).
 
 Pure functions over immutable state: :func:`init_state`, :func:`loss_fn`, :func:`train_step`,
-:func:`generate`. Nothing here knows whether it runs on TPU or on CPU devices; the caller chooses
+and the model itself (:class:`DecoderLM`, rotary positions, an optional KV cache); generation
+lives in :mod:`workloads.decode`. Nothing here knows whether it runs on TPU or on CPU devices; the caller chooses
 the mesh. ``import jax`` at module level is fine: this module is imported only inside workers and
 Serve replicas, never by the driver.
 """
@@ -21,6 +22,7 @@ from flax import struct
 
 VOCAB = 256
 """Byte-level: every UTF-8 byte is a token."""
+ROPE_BASE = 10_000.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,10 @@ class ModelConfig:
     n_layers: int = 2
     d_ff: int = 384
     seq_len: int = 64
+    """Training window (tokens per example)."""
+    context_len: int = 1024
+    """Serving context: prompt plus new tokens, the KV cache's length. Rotary positions are not
+    learned, so a model trained on ``seq_len`` windows serves any context up to this bound."""
     learning_rate: float = 3e-3
     weight_decay: float = 0.01
     warmup_steps: int = 10
@@ -45,41 +51,97 @@ class ModelConfig:
         return cls(**known)
 
 
+KVCache = tuple[tuple[jax.Array, jax.Array], ...]
+"""Per layer ``(keys, values)``, each ``[batch, context_len, n_heads, head_dim]``."""
+
+
+def rope(x: jax.Array, positions: jax.Array) -> jax.Array:
+    """Rotary position embedding of ``x`` ``[B, T, H, D]`` at integer ``positions`` ``[B, T]``:
+    a token's keys and queries depend on its absolute position only, so cached keys never shift."""
+    half = x.shape[-1] // 2
+    freqs = 1.0 / (ROPE_BASE ** (jnp.arange(half, dtype=jnp.float32) / half))
+    angles = positions[..., None].astype(jnp.float32) * freqs  # [B, T, half]
+    sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+    first, second = x[..., :half], x[..., half:]
+    return jnp.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with RoPE. Without a cache: over ``x`` itself (training).
+    With a cache: ``x``'s keys/values are written at ``positions`` (beyond ``context_len``:
+    dropped), and each query attends to every cached position up to its own."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self, x: jax.Array, positions: jax.Array, cache: tuple[jax.Array, jax.Array] | None
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        cfg = self.config
+        heads, dim = cfg.n_heads, cfg.d_model // cfg.n_heads
+        q = rope(nn.DenseGeneral((heads, dim), name="query")(x), positions)
+        k = rope(nn.DenseGeneral((heads, dim), name="key")(x), positions)
+        v = nn.DenseGeneral((heads, dim), name="value")(x)
+        if cache is None:
+            keys, values, key_positions = k, v, positions
+        else:
+            rows = jnp.arange(x.shape[0])[:, None]
+            keys = cache[0].at[rows, positions].set(k, mode="drop")
+            values = cache[1].at[rows, positions].set(v, mode="drop")
+            cache = (keys, values)
+            key_positions = jnp.arange(keys.shape[1])[None, :]
+        visible = key_positions[:, None, :] <= positions[:, :, None]  # [B, T, S]
+        scores = jnp.einsum("bthd,bshd->bhts", q, keys) / jnp.sqrt(jnp.float32(dim))
+        scores = jnp.where(visible[:, None], scores, jnp.finfo(scores.dtype).min)
+        out = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, axis=-1), values)
+        return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), name="out")(out), cache
+
+
 class Block(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, positions: jax.Array, cache: tuple[jax.Array, jax.Array] | None
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         cfg = self.config
-        h = nn.LayerNorm()(x)
-        h = nn.MultiHeadDotProductAttention(num_heads=cfg.n_heads, qkv_features=cfg.d_model)(
-            h, h, mask=mask
-        )
+        h, cache = Attention(cfg)(nn.LayerNorm()(x), positions, cache)
         x = x + h
         h = nn.LayerNorm()(x)
         h = nn.Dense(cfg.d_ff)(h)
         h = nn.gelu(h)
         h = nn.Dense(cfg.d_model)(h)
-        return x + h
+        return x + h, cache
 
 
 class DecoderLM(nn.Module):
-    """Token + position embeddings, ``n_layers`` causal pre-LN blocks, tied-free output head."""
+    """Token embeddings, ``n_layers`` causal pre-LN blocks with rotary positions, output head.
+
+    ``positions`` default to ``0..T-1``; with a ``kv`` cache (:func:`empty_cache`) the call
+    writes this chunk's keys/values and returns the updated cache (prefill and decode)."""
 
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, tokens: jax.Array) -> jax.Array:
+    def __call__(
+        self, tokens: jax.Array, positions: jax.Array | None = None, kv: KVCache | None = None
+    ) -> tuple[jax.Array, KVCache | None]:
         cfg = self.config
-        length = tokens.shape[-1]
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
         x = nn.Embed(VOCAB, cfg.d_model)(tokens)
-        pos = self.param("pos", nn.initializers.normal(0.02), (cfg.seq_len, cfg.d_model))
-        x = x + pos[:length]
-        mask = nn.make_causal_mask(tokens)
-        for _ in range(cfg.n_layers):
-            x = Block(cfg)(x, mask)
+        caches = []
+        for layer in range(cfg.n_layers):
+            x, cache = Block(cfg)(x, positions, None if kv is None else kv[layer])
+            caches.append(cache)
         x = nn.LayerNorm()(x)
-        return nn.Dense(VOCAB)(x)
+        return nn.Dense(VOCAB)(x), None if kv is None else tuple(caches)
+
+
+def empty_cache(cfg: ModelConfig, rows: int) -> KVCache:
+    """A zeroed KV cache for ``rows`` sequences of up to ``cfg.context_len`` tokens."""
+    shape = (rows, cfg.context_len, cfg.n_heads, cfg.d_model // cfg.n_heads)
+    return tuple((jnp.zeros(shape), jnp.zeros(shape)) for _ in range(cfg.n_layers))
 
 
 @struct.dataclass
@@ -109,7 +171,7 @@ def init_state(cfg: ModelConfig, rng: jax.Array) -> TrainState:
 def loss_fn(params: Any, cfg: ModelConfig, batch: jax.Array) -> jax.Array:
     """Mean next-byte cross entropy; ``batch`` is ``[B, seq_len + 1]`` int32 bytes."""
     inputs, targets = batch[:, :-1], batch[:, 1:]
-    logits = DecoderLM(cfg).apply({"params": params}, inputs)
+    logits, _ = DecoderLM(cfg).apply({"params": params}, inputs)
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
@@ -124,7 +186,8 @@ def train_step(
 
 
 def logits_fn(params: Any, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
-    return DecoderLM(cfg).apply({"params": params}, tokens)
+    """Logits of every position of ``tokens`` (no cache: causal over the tokens themselves)."""
+    return DecoderLM(cfg).apply({"params": params}, tokens)[0]
 
 
 def sample_batch(
@@ -144,20 +207,6 @@ def decode(tokens: Any) -> str:
     return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
 
 
-def generate(
-    params: Any,
-    cfg: ModelConfig,
-    prompts: list[str],
-    max_new_tokens: list[int],
-    temperatures: list[float],
-    seed: int = 0,
-    mesh: jax.sharding.Mesh | None = None,
-) -> list[str]:
-    """Continue each prompt (see :func:`generate_tokens`) and decode the new bytes."""
-    tokens = generate_tokens(params, cfg, prompts, max_new_tokens, temperatures, seed, mesh)
-    return [decode(row) for row in tokens]
-
-
 def local_mesh() -> jax.sharding.Mesh:
     """A 1-D mesh (axis ``data``) over this process's devices: every chip of one TPU host."""
     return jax.sharding.Mesh(np.array(jax.local_devices()), ("data",))
@@ -165,15 +214,6 @@ def local_mesh() -> jax.sharding.Mesh:
 
 def replicated(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-
-
-def prompt_windows(cfg: ModelConfig, prompts: list[str]) -> np.ndarray:
-    """The last ``seq_len`` bytes of each prompt, left-padded with spaces: ``[rows, seq_len]``."""
-    windows = np.full((len(prompts), cfg.seq_len), ord(" "), np.int32)
-    for row, prompt in enumerate(prompts):
-        ids = encode(prompt)[-cfg.seq_len :]
-        windows[row, cfg.seq_len - len(ids) :] = ids
-    return windows
 
 
 def place_batch(rows: np.ndarray, mesh: jax.sharding.Mesh | None) -> jax.Array:
@@ -188,59 +228,6 @@ def place_batch(rows: np.ndarray, mesh: jax.sharding.Mesh | None) -> jax.Array:
         )
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
     return jax.device_put(rows, sharding)
-
-
-def next_logits(params: Any, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
-    """Logits of the next byte for each row (jitted once per config)."""
-    return _jitted_next_logits(cfg)(params, tokens)
-
-
-def generate_tokens(
-    params: Any,
-    cfg: ModelConfig,
-    prompts: list[str],
-    max_new_tokens: list[int],
-    temperatures: list[float],
-    seed: int = 0,
-    mesh: jax.sharding.Mesh | None = None,
-) -> list[list[int]]:
-    """New bytes for each prompt; a batch of prompts shares one jitted forward per new byte.
-
-    Temperature 0 is greedy. Context is the last ``seq_len`` bytes, left-padded with spaces.
-    With a ``mesh`` the rows are split over its devices (:func:`place_batch`); ``params`` should
-    then be on the same mesh (replicated: :func:`replicated`).
-    """
-    steps = max(max_new_tokens) if max_new_tokens else 0
-    temps = place_batch(np.asarray(temperatures, np.float32), mesh)
-    tokens = place_batch(prompt_windows(cfg, prompts), mesh)
-    key = jax.random.PRNGKey(seed)
-    outputs: list[list[int]] = [[] for _ in prompts]
-    for _ in range(steps):
-        key, sub = jax.random.split(key)
-        logits = next_logits(params, cfg, tokens)
-        nxt = _pick(logits, temps, sub)
-        tokens = jnp.concatenate([tokens[:, 1:], nxt[:, None]], axis=1)
-        for row, tok in enumerate(np.asarray(nxt)):
-            if len(outputs[row]) < max_new_tokens[row]:
-                outputs[row].append(int(tok))
-    return outputs
-
-
-_FORWARD_CACHE: dict[ModelConfig, Any] = {}
-
-
-def _jitted_next_logits(cfg: ModelConfig) -> Any:
-    if cfg not in _FORWARD_CACHE:
-        _FORWARD_CACHE[cfg] = jax.jit(lambda p, t: logits_fn(p, cfg, t)[:, -1, :])
-    return _FORWARD_CACHE[cfg]
-
-
-@jax.jit
-def _pick(logits: jax.Array, temps: jax.Array, key: jax.Array) -> jax.Array:
-    greedy = jnp.argmax(logits, axis=-1)
-    scaled = logits / jnp.maximum(temps, 1e-6)[:, None]
-    sampled = jax.random.categorical(key, scaled, axis=-1)
-    return jnp.where(temps > 0, sampled, greedy).astype(jnp.int32)
 
 
 def params_digest(params: Any) -> str:

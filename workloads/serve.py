@@ -28,244 +28,199 @@ that one bad row answers only its own request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ray import serve
 
-from raytpu import inputs
 from raytpu.catalog import RAY_TPU_REQUEST_SIZES, SliceShape
-from raytpu.entrypoints import CHECKPOINT_ENV, SERVE_TPU_DEFAULT
+from raytpu.entrypoints import CHECKPOINT_ENV, SERVE_FALLBACK_ENV, SERVE_TPU_DEFAULT
 from raytpu.entrypoints import SERVE_TPU_ENV as TPU_ENV
 from raytpu.ray_names import LABEL_POD_TYPE, LABEL_TOPOLOGY
-from workloads import telemetry
+from workloads import openai_api, telemetry
+from workloads.batching import AdaptiveBatcher
+from workloads.fallback import RETRY_AFTER_S, FallbackConfig
+from workloads.prefix_cache import DEVICE_BLOCKS, HOST_BLOCKS
+from workloads.serve_http import SERVED_BY, Head, refusal, respond_http, to_response
+from workloads.serve_requests import (  # noqa: F401  (the request API, re-exported)
+    BATCH_BUCKETS,
+    BATCH_WAIT_S,
+    DEFAULT_CHECKPOINT_DIR,
+    MAX_BATCH_SIZE,
+    MAX_NEW_TOKENS,
+    MAX_PROMPT_CHARS,
+    PAD_REQUEST,
+    GenerateRequest,
+    Reply,
+    RequestError,
+    batch_buckets,
+    error_reply,
+    json_reply,
+    pad_to_bucket,
+    parse_request,
+    read_body,
+    render_replies,
+    run_isolated,
+)
 
-MAX_PROMPT_CHARS = 1000
-MAX_NEW_TOKENS = 256
-MAX_TEMPERATURE = 2.0
-MAX_BODY_BYTES = 16_384
-MAX_BODY_DEPTH = 8
-"""Nesting of the request JSON: the valid body is one flat object (depth 1)."""
-DEFAULT_MAX_NEW_TOKENS = 64
-DEFAULT_TEMPERATURE = 0.8
-BATCH_WAIT_S = 0.05
-BATCH_BUCKETS = (1, 2, 4, 8)
-"""Batch sizes a replica runs on one device: ``generate`` compiles once per batch shape, so a batch
-is padded up to the next bucket and every bucket is compiled when the replica starts, never on a
-request. On ``n`` devices the buckets are the multiples of ``n`` (:func:`batch_buckets`)."""
-MAX_BATCH_SIZE = BATCH_BUCKETS[-1]
-
-DEFAULT_CHECKPOINT_DIR = "/tmp/raytpu/checkpoints"
-FIELDS = ("prompt", "max_new_tokens", "temperature")
-
-
-class RequestError(ValueError):
-    """A request the server refuses: HTTP ``status`` and a message naming field and valid values."""
-
-    def __init__(self, status: int, message: str) -> None:
-        self.status = status
-        super().__init__(message)
-
-
-@dataclass(frozen=True)
-class GenerateRequest:
-    prompt: str
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    temperature: float = DEFAULT_TEMPERATURE
-
-
-def parse_request(body: bytes) -> GenerateRequest:
-    """Validate a request body; raises :class:`RequestError` (400, 413 or 422).
-
-    Bounded in time and memory whatever the body: size first, then UTF-8, then a nesting scan
-    before any recursive parsing.
-    """
-    if len(body) > MAX_BODY_BYTES:
-        raise RequestError(413, f"body: {len(body)} bytes is too large; valid: <= {MAX_BODY_BYTES}")
-    limits = inputs.Limits(max_bytes=MAX_BODY_BYTES, max_depth=MAX_BODY_DEPTH)
-    try:
-        raw = inputs.parse_json(inputs.decode(body, "body"), "body", limits)
-    except inputs.InputError as error:  # "body: line L, column C: not valid JSON: ..." etc.
-        raise RequestError(400, str(error)) from None
-    if not isinstance(raw, dict):
-        raise RequestError(400, f"body: a JSON {type(raw).__name__} is not valid; valid: an object")
-    unknown = sorted(set(raw) - set(FIELDS))
-    if unknown:
-        raise RequestError(422, f"{unknown[0]}: unknown field; valid: {', '.join(FIELDS)}")
-    prompt = raw.get("prompt")
-    if not isinstance(prompt, str):
-        raise RequestError(422, f"prompt: {prompt!r} is not valid; valid: a non-empty string")
-    if not prompt.strip():
-        raise RequestError(422, "prompt: empty prompt is not valid; valid: a non-empty string")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise RequestError(
-            413, f"prompt: {len(prompt)} characters is too long; valid: <= {MAX_PROMPT_CHARS}"
-        )
-    try:
-        prompt.encode("utf-8")  # the model reads UTF-8 bytes
-    except UnicodeEncodeError as error:
-        bad = prompt[error.start]
-        raise RequestError(
-            422,
-            f"prompt: character {error.start} ({bad!a}) is an unpaired surrogate; valid: "
-            "Unicode text (a \\ud800-\\udfff escape only as half of a surrogate pair)",
-        ) from None
-    tokens = raw.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_NEW_TOKENS:
-        raise RequestError(
-            422, f"max_new_tokens: {tokens!r} is not valid; valid: an integer 1..{MAX_NEW_TOKENS}"
-        )
-    temperature = raw.get("temperature", DEFAULT_TEMPERATURE)
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, int | float)
-        or not math.isfinite(temperature)
-        or not 0.0 <= temperature <= MAX_TEMPERATURE
-    ):
-        raise RequestError(
-            422,
-            f"temperature: {temperature!r} is not valid; valid: a number 0..{MAX_TEMPERATURE:g}",
-        )
-    return GenerateRequest(prompt=prompt, max_new_tokens=tokens, temperature=float(temperature))
+MODEL_NAME = "raytpu-byte-lm"
+"""The ``model`` the OpenAI-compatible routes serve."""
+MAX_QUEUE = 64
+"""Backpressure bound: a replica with this many requests in flight answers 503 + Retry-After
+(the router's cue to use the fallback)."""
 
 
 @dataclass(frozen=True)
-class Reply:
-    """One request's answer, already encoded: HTTP status and a JSON body."""
+class ServeOptions:
+    """How a :class:`TextGenerator` replica batches, caches and sheds load."""
 
-    status: int
-    body: bytes
-
-
-def json_reply(status: int, payload: dict[str, Any]) -> Reply:
-    return Reply(status, json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8"))
-
-
-def error_reply(status: int, message: str) -> Reply:
-    return json_reply(status, {"error": message})
-
-
-def run_isolated(
-    requests: list[GenerateRequest], run: Callable[[list[GenerateRequest]], list[str]]
-) -> list[str | Exception]:
-    """Completions of ``requests`` as one batch; if the batch fails, each request on its own,
-    so that a row the model cannot run fails only its own request (its exception, in its place)."""
-    try:
-        return list(run(requests))
-    except Exception as error:  # isolated per request below, never swallowed
-        if len(requests) == 1:
-            return [error]
-    results: list[str | Exception] = []
-    for request in requests:
-        try:
-            results.append(run([request])[0])
-        except Exception as error:  # this row's own failure: answered to its request alone
-            results.append(error)
-    return results
+    max_batch_size: int = MAX_BATCH_SIZE
+    batch_wait_s: float = BATCH_WAIT_S
+    """The longest a batch waits for more requests (:mod:`workloads.batching`)."""
+    adaptive: bool = True
+    """False: every batch waits ``batch_wait_s`` unless full (Serve's ``@serve.batch`` rule)."""
+    prefix_cache: bool = True
+    shared_prefix: bool = True
+    """Share prefix blocks with the other replicas through Ray's object store."""
+    device_blocks: int = DEVICE_BLOCKS
+    host_blocks: int = HOST_BLOCKS
+    max_queue: int = MAX_QUEUE
+    model_name: str = MODEL_NAME
+    served_by: str = "tpu"
+    precompile: bool = True
+    """Compile every prompt-length bucket at start (False: only the shortest; tests)."""
 
 
-def render_replies(
-    requests: list[GenerateRequest], results: list[str | Exception], extra: dict[str, Any]
-) -> list[Reply]:
-    """One encoded :class:`Reply` per request; an error in one row answers that request alone."""
-    replies = []
-    for request, result in zip(requests, results, strict=True):
-        if isinstance(result, Exception):
-            replies.append(error_reply(500, f"generation failed: {type(result).__name__}"))
-            continue
-        payload = {
-            "prompt": request.prompt,
-            "completion": result,
-            "max_new_tokens": request.max_new_tokens,
-            "temperature": request.temperature,
-            **extra,
-        }
-        try:
-            replies.append(json_reply(200, payload))
-        except (TypeError, ValueError) as error:
-            replies.append(error_reply(500, f"reply could not be encoded: {error}"))
-    return replies
+@dataclass(frozen=True)
+class Job:
+    """One request in a batch; ``sink`` (streaming only) takes each chunk of its new tokens."""
+
+    request: GenerateRequest
+    sink: Callable[[list[int]], None] | None = None
 
 
-PAD_REQUEST = GenerateRequest(prompt=" ", max_new_tokens=1, temperature=0.0)
-
-
-def batch_buckets(devices: int) -> tuple[int, ...]:
-    """Padded batch sizes on ``devices`` devices: each a multiple of ``devices`` (every chip gets
-    rows), covering 1..MAX_BATCH_SIZE requests."""
-    if devices < 1:
-        raise ValueError(f"devices: {devices!r} is not valid; valid: an integer >= 1")
-    sizes = {-(-b // devices) * devices for b in BATCH_BUCKETS}
-    return tuple(sorted(sizes))
-
-
-def pad_to_bucket(
-    requests: list[GenerateRequest], buckets: tuple[int, ...] = BATCH_BUCKETS
-) -> list[GenerateRequest]:
-    """``requests`` followed by one-token filler rows, up to the next size in ``buckets``."""
-    if not 1 <= len(requests) <= MAX_BATCH_SIZE:
-        raise ValueError(f"batch size: {len(requests)} is not valid; valid: 1..{MAX_BATCH_SIZE}")
-    size = next(b for b in buckets if b >= len(requests))
-    return [*requests, *[PAD_REQUEST] * (size - len(requests))]
-
-
-@serve.deployment(max_ongoing_requests=32, health_check_timeout_s=30)
+@serve.deployment(max_ongoing_requests=MAX_QUEUE + 16, health_check_timeout_s=30)
 class TextGenerator:
-    """One replica: the latest checkpoint replicated on every chip of its host, batched generation
-    with each batch's rows split over those chips."""
+    """One replica: the latest checkpoint replicated on every chip of its host; adaptive batches
+    through the prefix cache and the KV-cached decode loop, rows split over those chips."""
 
-    def __init__(self, checkpoint_dir: str, batch_wait_s: float = BATCH_WAIT_S) -> None:
+    def __init__(self, checkpoint_dir: str, options: ServeOptions | None = None) -> None:
         # jax is imported in the replica, never in the driver.
         from workloads import model
         from workloads.checkpoint import restore_params
+        from workloads.engine import Engine, Timing
+        from workloads.prefix_cache import PrefixCache, directory
 
-        self.generate_batch.set_batch_wait_timeout_s(batch_wait_s)
+        self._options = options = options or ServeOptions()
         self._mesh = model.local_mesh()
-        self._buckets = batch_buckets(self._mesh.size)
-        self._params, self._cfg, self._step = restore_params(
+        # Only the buckets a batch of at most max_batch_size requests can need.
+        every = batch_buckets(self._mesh.size)
+        largest = next((b for b in every if b >= options.max_batch_size), every[-1])
+        self._buckets = tuple(b for b in every if b <= largest)
+        params, self._cfg, self._step = restore_params(
             checkpoint_dir, sharding=model.replicated(self._mesh)
         )
-        self._checkpoint_dir = checkpoint_dir
+        prefix = None
+        if options.prefix_cache:
+            prefix = PrefixCache(
+                self._cfg,
+                f"{model.params_digest(params)}:{self._cfg}",
+                device_blocks=options.device_blocks,
+                host_blocks=options.host_blocks,
+                shared=directory() if options.shared_prefix else None,
+                on_counts=telemetry.of(self).prefix,
+            )
+        self._engine = Engine(params, self._cfg, self._mesh, self._buckets, prefix, MAX_NEW_TOKENS)
+        self._engine.warm_up(options.precompile)  # compile now, not on a request
+        self._batcher: AdaptiveBatcher[Job, tuple[Any, dict[str, Any]]] = AdaptiveBatcher(
+            self._run_batch,
+            max_batch=options.max_batch_size,
+            max_wait_s=options.batch_wait_s,
+            key=self._length_key,
+            adaptive=options.adaptive,
+        )
+        self._draining = False
         self._calls = 0
-        # Compile the forward pass for every batch bucket now, not on a request.
-        for size in self._buckets:
-            self._run([PAD_REQUEST] * size)
+        self._timing = Timing()
 
-    def _run(self, requests: list[GenerateRequest]) -> list[str]:
-        from workloads.model import generate
+    def _length_key(self, job: Job) -> tuple[bool, int]:
+        """Streaming and whole requests batch apart; within each, by prompt length bucket."""
+        from workloads import decode
+
+        request = job.request
+        ids = decode.prompt_ids(self._cfg, request.prompt, request.max_new_tokens)
+        return job.sink is not None, decode.length_bucket(len(ids), self._cfg.context_len)
+
+    def _generate(self, jobs: list[Job]) -> list[str]:
+        """Completions of a batch (``""`` for streamed jobs: their tokens went to the sinks)."""
+        from workloads.engine import Row, Timing
+        from workloads.model import decode as text
 
         self._calls += 1
-        batch = pad_to_bucket(requests, self._buckets)
-        completions = generate(
-            self._params,
-            self._cfg,
-            [r.prompt for r in batch],
-            [r.max_new_tokens for r in batch],
-            [r.temperature for r in batch],
-            seed=self._calls,
-            mesh=self._mesh,
-        )
-        return completions[: len(requests)]
+        rows = [
+            Row(j.request.prompt, j.request.max_new_tokens, j.request.temperature) for j in jobs
+        ]
+        self._timing = Timing()
+        if jobs[0].sink is None:
+            tokens, self._timing = self._engine.generate(rows, seed=self._calls)
+            return [text(t) for t in tokens]
+        for chunk in self._engine.stream(rows, seed=self._calls, timing=self._timing):
+            for job, tokens in zip(jobs, chunk, strict=False):
+                if tokens and job.sink is not None:
+                    job.sink(tokens)
+        return [""] * len(jobs)
+
+    async def _run_batch(self, jobs: list[Job]) -> list[tuple[Any, dict]]:
+        began = time.monotonic()
+        if jobs[0].sink is None:
+            results = await asyncio.to_thread(run_isolated, jobs, self._generate)
+        else:  # streamed tokens cannot be taken back: no per-row retry
+            results = await asyncio.to_thread(self._generate, jobs)
+        requests = [job.request for job in jobs]
+        compute_s = time.monotonic() - began
+        timing = self._timing
+        steps = max(r.max_new_tokens for r in requests)
+        telemetry.of(self).batch(len(requests), compute_s, steps)
+        telemetry.of(self).first_token(timing.first_token_s)
+        extra = {
+            "checkpoint_step": self._step,
+            "host": os.environ.get("TPU_NAME", ""),
+            "batch_size": len(requests),
+            "compute_ms": round(compute_s * 1000, 1),
+            "prefill_ms": round(timing.prefill_s * 1000, 2),
+        }
+        tiers = timing.tiers or [""] * len(requests)
+        starts = timing.starts or [0] * len(requests)
+        return [
+            (result, {**extra, "prefix_tier": tier, "prefix_cached_tokens": start})
+            for result, tier, start in zip(results, tiers, starts, strict=False)
+        ]
 
     def describe(self) -> dict[str, Any]:
         """Where this replica computes: its local devices, the devices every parameter is on,
-        and the sharding of one batch and of its logits, read off the arrays themselves."""
+        and the sharding of one batch and of its logits, read off the arrays themselves; and
+        what its batcher and prefix cache did."""
         import jax
 
-        from workloads import model
+        from workloads import decode
 
-        rows = self._buckets[0]
-        tokens = model.place_batch(model.prompt_windows(self._cfg, [" "] * rows), self._mesh)
-        logits = model.next_logits(self._params, self._cfg, tokens)
+        rows, cfg = self._buckets[0], self._cfg
+        kv = decode.new_cache(cfg, rows, self._mesh)
+        ids = [decode.prompt_ids(cfg, " ", 1)] * rows
+        state = decode.prefill(
+            self._engine.params, cfg, kv, ids, [0] * rows, [0.0] * rows, 0, self._mesh
+        )
+        tokens, logits = state.positions, state.logits
+        prefix = self._engine.prefix
         return {
             "local_devices": [str(d) for d in jax.local_devices()],
             "param_devices": sorted(
-                {len(leaf.sharding.device_set) for leaf in jax.tree.leaves(self._params)}
+                {len(leaf.sharding.device_set) for leaf in jax.tree.leaves(self._engine.params)}
             ),
             "batch_rows": rows,
             "batch_devices": len(tokens.sharding.device_set),
@@ -273,55 +228,102 @@ class TextGenerator:
             "rows_per_device": sorted({s.data.shape[0] for s in tokens.addressable_shards}),
             "logits_devices": len(logits.sharding.device_set),
             "buckets": list(self._buckets),
+            "batches": list(self._batcher.batches),
+            "prefix": prefix.counts.to_dict() if prefix else None,
+            "context_len": cfg.context_len,
         }
 
-    @serve.batch(max_batch_size=MAX_BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_S)
-    async def generate_batch(self, requests: list[GenerateRequest]) -> list[Reply]:
-        began = time.monotonic()
-        results = await asyncio.to_thread(run_isolated, requests, self._run)
-        compute_s = time.monotonic() - began
-        tokens = max(r.max_new_tokens for r in requests)
-        telemetry.of(self).batch(len(requests), compute_s, tokens)
-        extra = {
-            "checkpoint_step": self._step,
-            "host": os.environ.get("TPU_NAME", ""),
-            "batch_size": len(requests),
-            "compute_ms": round(compute_s * 1000, 1),
-        }
-        return render_replies(requests, results, extra)
+    def drain(self, draining: bool) -> bool:
+        """Stop (True) or resume (False) taking requests: while draining every request is
+        answered 503 + Retry-After, the router's cue to send it to the fallback."""
+        self._draining = draining
+        return draining
+
+    async def respond(self, method: str, path: str, body: bytes) -> AsyncIterator[Any]:
+        """A :class:`Head`, then the body in one or more chunks (SSE events when streaming).
+        The HTTP entry point and the router (a streaming handle call) both read this."""
+        route = openai_api.route_of(path)
+        options = self._options
+        if self._draining or self._batcher.depth >= options.max_queue:
+            reason = "draining" if self._draining else f"{self._batcher.depth} requests queued"
+            message = f"no capacity: this replica is {reason}; retry after {RETRY_AFTER_S} s"
+            for item in refusal(503, message, route, RETRY_AFTER_S):
+                yield item
+            return
+        with self._batcher.admit() as ticket:
+            try:
+                if route == openai_api.MODELS:
+                    reply = openai_api.models(options.model_name)
+                    yield Head(reply.status, headers={SERVED_BY: options.served_by})
+                    yield reply.body
+                    return
+                if method != "POST":
+                    raise RequestError(405, f"method: {method} is not valid; valid: POST")
+                if route:
+                    request = openai_api.parse(route, body, options.model_name)
+                else:
+                    parsed = parse_request(body)
+            except RequestError as error:
+                for item in refusal(error.status, str(error), route):
+                    yield item
+                return
+            if route and request.stream:
+                chunks: asyncio.Queue[list[int]] = asyncio.Queue()
+                loop = asyncio.get_running_loop()
+                sink = functools.partial(loop.call_soon_threadsafe, chunks.put_nowait)
+                done = self._batcher.enqueue(Job(request.generate, sink), ticket)
+            else:
+                wanted = request.generate if route else parsed
+                result, extra = await self._batcher.submit(Job(wanted), ticket)
+        if not route:
+            (reply,) = render_replies([parsed], [result], extra)
+            yield Head(reply.status, headers={SERVED_BY: options.served_by})
+            yield reply.body
+            return
+        if not request.stream:
+            if isinstance(result, Exception):
+                for item in refusal(500, f"generation failed: {type(result).__name__}", route):
+                    yield item
+                return
+            # No stop sequences: every request gets exactly its max_new_tokens bytes.
+            tokens = request.generate.max_new_tokens
+            reply = openai_api.Completion(request).whole(result, tokens, {"raytpu": extra})
+            yield Head(reply.status, headers={SERVED_BY: options.served_by})
+            yield reply.body
+            return
+        yield Head(200, "text/event-stream", {SERVED_BY: options.served_by})
+        async for event in stream_events(openai_api.Completion(request), chunks, done):
+            yield event
 
     @telemetry.instrument_http
     async def __call__(self, request: Any) -> Any:
-        from starlette.responses import Response
-
-        reply = await self._answer(request)
-        return Response(reply.body, status_code=reply.status, media_type="application/json")
-
-    async def _answer(self, request: Any) -> Reply:
-        if request.method != "POST":
-            return error_reply(405, f"method: {request.method} is not valid; valid: POST")
         try:
             body = await read_body(request)
-            parsed = parse_request(body)
         except RequestError as error:
-            return error_reply(error.status, str(error))
-        return await self.generate_batch(parsed)
+            head, payload = refusal(error.status, str(error), openai_api.route_of(request.url.path))
+            return to_response(head, payload)
+        parts = self.respond(request.method, request.url.path, body)
+        head = await anext(parts)
+        return await respond_http(head, parts)
 
 
-async def read_body(request: Any) -> bytes:
-    """The body, read no further than MAX_BODY_BYTES + 1 (a 1 GB body is refused, not buffered)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise RequestError(413, f"body: {declared} bytes is too large; valid: <= {MAX_BODY_BYTES}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise RequestError(
-                413, f"body: more than {MAX_BODY_BYTES} bytes; valid: <= {MAX_BODY_BYTES}"
-            )
-    return b"".join(chunks)
+async def stream_events(
+    completion: openai_api.Completion, chunks: asyncio.Queue, done: asyncio.Future
+) -> AsyncIterator[bytes]:
+    """SSE events for the chunks a streaming batch puts in ``chunks``, until the request has all
+    its tokens; the batch's failure (``done``'s exception) is raised if it ends early."""
+    wanted = completion.request.generate.max_new_tokens
+    while completion.tokens < wanted:
+        getter = asyncio.ensure_future(chunks.get())
+        await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            tokens = getter.result()
+            yield completion.event(tokens, last=completion.tokens + len(tokens) >= wanted)
+            continue
+        getter.cancel()
+        if chunks.empty():
+            done.result()  # the batch failed: its exception
+            raise RuntimeError(f"stream ended after {completion.tokens} of {wanted} tokens")
 
 
 def build_app(
@@ -331,15 +333,19 @@ def build_app(
     tpu_per_replica: int | None = None,
     num_replicas: int | None = None,
     autoscaling_config: dict[str, Any] | None = None,
-    batch_wait_s: float = BATCH_WAIT_S,
+    options: ServeOptions | None = None,
+    fallback: FallbackConfig | None = None,
+    tpu_timeout_s: float = 30.0,
 ) -> Any:
     """The Serve application for ``checkpoint_dir``; replicas request the shape's chips per host.
 
     Multi-host serving slices are not supported: a replica is one process on one host.
     ``num_replicas`` or ``autoscaling_config`` (Serve's), not both; neither: one replica, or
     what a Serve config (a RayService's ``serveConfigV2``) sets for the ``TextGenerator``
-    deployment. ``batch_wait_s``: how long a batch waits for more requests
-    (``@serve.batch``'s ``batch_wait_timeout_s``) unless it fills up first.
+    deployment. ``options``: batching, prefix cache and queue bound (:class:`ServeOptions`).
+    With a ``fallback`` the ingress is a :class:`workloads.serve_router.Router` in front of the
+    TPU deployment that sends what it cannot take to the fallback (:mod:`workloads.fallback`);
+    ``deployment`` fallbacks are a CPU ``TextGenerator`` of the same checkpoint.
     """
     if num_replicas is not None and autoscaling_config is not None:
         raise ValueError(
@@ -360,12 +366,24 @@ def build_app(
             LABEL_POD_TYPE: shape.pod_type,
             LABEL_TOPOLOGY: shape.topology,
         }
-    options: dict[str, Any] = {"ray_actor_options": actor_options}
+    deployment_options: dict[str, Any] = {"ray_actor_options": actor_options}
     if num_replicas is not None:
-        options["num_replicas"] = num_replicas
+        deployment_options["num_replicas"] = num_replicas
     if autoscaling_config is not None:
-        options["autoscaling_config"] = autoscaling_config
-    return TextGenerator.options(**options).bind(checkpoint_dir, batch_wait_s)
+        deployment_options["autoscaling_config"] = autoscaling_config
+    options = options or ServeOptions()
+    tpu_app = TextGenerator.options(**deployment_options).bind(checkpoint_dir, options)
+    if fallback is None:
+        return tpu_app
+    from workloads.serve_router import Router
+
+    cpu_app = None
+    if fallback.kind == "deployment":
+        cpu_options = ServeOptions(**{**options.__dict__, "served_by": "fallback-cpu"})
+        cpu_app = TextGenerator.options(
+            name="CpuTextGenerator", num_replicas=1, ray_actor_options={"num_cpus": 1}
+        ).bind(checkpoint_dir, cpu_options)
+    return Router.bind(tpu_app, fallback, cpu_app, options.model_name, tpu_timeout_s)
 
 
 def _app_from_env() -> Any:
@@ -374,8 +392,32 @@ def _app_from_env() -> Any:
         valid = ", ".join(str(n) for n in RAY_TPU_REQUEST_SIZES)
         raise ValueError(f"{TPU_ENV}: {tpu!r} is not valid; valid: {valid}")
     return build_app(
-        os.environ.get(CHECKPOINT_ENV, DEFAULT_CHECKPOINT_DIR), tpu_per_replica=int(tpu)
+        os.environ.get(CHECKPOINT_ENV, DEFAULT_CHECKPOINT_DIR),
+        tpu_per_replica=int(tpu),
+        fallback=fallback_from_env(os.environ.get(SERVE_FALLBACK_ENV, "")),
     )
+
+
+def fallback_from_env(text: str) -> FallbackConfig | None:
+    """``RAYTPU_SERVE_FALLBACK`` (JSON of :class:`FallbackConfig`'s fields, from the stack's
+    ``rayServices[].fallback``); empty: no fallback."""
+    if not text:
+        return None
+    try:
+        fields = json.loads(text)
+    except ValueError as error:
+        raise ValueError(
+            f"{SERVE_FALLBACK_ENV}: not valid JSON ({error}); valid: an object"
+        ) from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"{SERVE_FALLBACK_ENV}: {text!r} is not valid; valid: a JSON object")
+    known = set(FallbackConfig.__dataclass_fields__)
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(
+            f"{SERVE_FALLBACK_ENV}.{unknown[0]}: unknown; valid: {', '.join(sorted(known))}"
+        )
+    return FallbackConfig(**fields)
 
 
 app = _app_from_env()

@@ -257,6 +257,18 @@ class ServeTelemetry:
         if tokens_per_sequence > 0:
             record(mn.SERVE_TPOT, seconds / tokens_per_sequence, self.labels)
 
+    def first_token(self, seconds: float) -> None:
+        record(mn.SERVE_TTFT, seconds, self.labels)
+
+    def prefix(self, counts: Any) -> None:
+        """One prefix-cache lookup's block hits per tier and misses
+        (:class:`workloads.prefix_cache.Counts`)."""
+        for tier, hits in counts.hits.items():
+            if hits:
+                record(mn.SERVE_PREFIX_HITS, hits, self.labels, tier=tier)
+        if counts.misses:
+            record(mn.SERVE_PREFIX_MISSES, counts.misses, self.labels)
+
 
 def of(replica: Any) -> ServeTelemetry:
     """The replica's one :class:`ServeTelemetry` (created on first use)."""

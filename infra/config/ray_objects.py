@@ -10,18 +10,31 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from infra.config.reader import Problems, Section, int_range, name_check, name_valid, resources
+from infra.config.reader import (
+    MISSING,
+    Problems,
+    Section,
+    int_range,
+    name_check,
+    name_valid,
+    resources,
+)
 from infra.config.schema import (
+    ENGINES,
+    FALLBACK_KINDS,
+    LLM_ACCELERATOR_TYPES,
     MAX_SLICE_COUNT,
     NAMESPACE,
+    LLMEngineConfig,
     RayClusterConfig,
     RayJobConfig,
     RayServiceConfig,
+    ServeFallbackConfig,
     SliceConfig,
     WorkerResources,
 )
 from infra.config.values import IMPORT_PATH_RE, RAY_NAME_MAX, image_check
-from raytpu.entrypoints import DEFAULT_RUN
+from raytpu.entrypoints import DEFAULT_RUN, LLM_IMPORT_PATH
 
 RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 """A run name is one object-name segment: gs://BUCKET/<run>."""
@@ -151,17 +164,35 @@ def parse_ray_service(
         "runtimeEnv",
         "checkpointRun",
         "targetOngoingRequests",
+        "engine",
+        "llm",
+        "fallback",
     )
     s = Section(problems, f"{NAMESPACE}:rayServices[{index}]", raw, keys)
     if not s.ok:
         return None
     common = _parse_ray_common(s, slices, ray_version)
+    engine = s.get(
+        "engine",
+        str,
+        "builtin",
+        valid=", ".join(ENGINES) + " (vllm: Ray Serve LLM with vLLM's TPU backend)",
+        check=lambda v: v in ENGINES,
+    )
+    vllm = engine == "vllm"
     import_path = s.get(
         "importPath",
         str,
-        valid="module:attribute of a Ray Serve application, e.g. workloads.serve:app",
-        check=lambda v: bool(IMPORT_PATH_RE.match(v)),
+        LLM_IMPORT_PATH if vllm else MISSING,
+        valid=f"{LLM_IMPORT_PATH} (engine vllm)"
+        if vllm
+        else "module:attribute of a Ray Serve application, e.g. workloads.serve:app",
+        check=(lambda v: v == LLM_IMPORT_PATH)
+        if vllm
+        else (lambda v: bool(IMPORT_PATH_RE.match(v))),
     )
+    llm = _parse_llm(s, vllm, slices.get(common["slice"]) if common else None)
+    fallback = _parse_fallback(s, vllm)
     app_name = s.get(
         "applicationName",
         str,
@@ -193,7 +224,8 @@ def parse_ray_service(
         "flight per Serve replica the autoscaler aims for",
         check=lambda v: 0 < v <= 32,
     )
-    if common is None or None in (import_path, app_name, route, runtime_env, run, target):
+    values = (import_path, app_name, route, runtime_env, run, target, engine)
+    if common is None or None in values or (vllm and llm is None) or fallback is False:
         return None
     return RayServiceConfig(
         **common,
@@ -203,7 +235,98 @@ def parse_ray_service(
         runtime_env=MappingProxyType(dict(runtime_env)),
         checkpoint_run=run,
         target_ongoing_requests=float(target),
+        engine=engine,
+        llm=llm,
+        fallback=fallback or None,
     )
+
+
+SECRET_REF_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-._a-zA-Z0-9]+$")
+_SECRET_VALID = "name/key of a Kubernetes secret in the RayService's namespace (never the value)"
+
+
+def _parse_llm(s: Section, vllm: bool, slice_config: SliceConfig | None) -> LLMEngineConfig | None:
+    """``llm``: required with ``engine: vllm`` (and only then); single-host serving slice whose
+    accelerator Ray Serve LLM knows."""
+    raw = s.raw.get("llm")
+    if not vllm:
+        if raw is not None:
+            s.problems.bad(s.sub("llm"), raw, "absent unless engine is vllm")
+        return None
+    inner = Section(
+        s.problems, s.sub("llm"), raw, ("modelId", "modelSource", "maxModelLen", "hfTokenSecret")
+    )
+    if not inner.ok:
+        return None
+    model_id = inner.get("modelId", str, valid="a non-empty model name", check=bool)
+    source = inner.get(
+        "modelSource", str, valid="a Hugging Face repo id (org/name) or a gs:// path", check=bool
+    )
+    length = inner.get(
+        "maxModelLen", int, 4096, valid="an integer 128..131072", check=int_range(128, 131072)
+    )
+    token = inner.get("hfTokenSecret", str, None, valid=_SECRET_VALID, check=SECRET_REF_RE.match)
+    if slice_config is not None:
+        shape = slice_config.shape
+        if shape.multi_host:
+            s.problems.bad(
+                s.sub("slice"),
+                slice_config.name,
+                "a single-host serving slice for engine vllm (tensor parallel over its chips)",
+                f"{shape.name} has {shape.hosts} hosts",
+            )
+            return None
+        if shape.ray_accelerator_type not in LLM_ACCELERATOR_TYPES:
+            s.problems.bad(
+                s.sub("slice"),
+                slice_config.name,
+                f"a slice whose accelerator Ray Serve LLM accepts: {', '.join(LLM_ACCELERATOR_TYPES)}",
+                f"{shape.name} is {shape.ray_accelerator_type}",
+            )
+            return None
+    if None in (model_id, source, length):
+        return None
+    return LLMEngineConfig(model_id, source, length, token)
+
+
+def _parse_fallback(s: Section, vllm: bool) -> ServeFallbackConfig | bool | None:
+    """``fallback`` (built-in engine only); False when it is present and bad."""
+    raw = s.raw.get("fallback")
+    if raw is None:
+        return None
+    if vllm:
+        s.problems.bad(s.sub("fallback"), raw, "absent with engine vllm (built-in engine only)")
+        return False
+    keys = ("kind", "url", "model", "apiKeySecret", "maxAttempts", "timeoutS")
+    inner = Section(s.problems, s.sub("fallback"), raw, keys)
+    if not inner.ok:
+        return False
+    kind = inner.get(
+        "kind",
+        str,
+        valid=", ".join(FALLBACK_KINDS) + " (an external OpenAI-compatible API, or a CPU "
+        "replica of the same model)",
+        check=lambda v: v in FALLBACK_KINDS,
+    )
+    external = kind == "openai"
+    url = inner.get(
+        "url",
+        str,
+        MISSING if external else "",
+        valid="an https:// URL of an OpenAI-compatible API base (https://host/v1)"
+        if external
+        else "absent for kind deployment",
+        check=(lambda v: v.startswith("https://")) if external else (lambda v: v == ""),
+    )
+    model = inner.get("model", str, "", valid="the upstream's model name", check=lambda v: True)
+    secret = inner.get("apiKeySecret", str, None, valid=_SECRET_VALID, check=SECRET_REF_RE.match)
+    attempts = inner.get("maxAttempts", int, 3, valid="an integer 1..10", check=int_range(1, 10))
+    timeout = inner.get(
+        "timeoutS", (int, float), 30.0, valid="seconds, 1..600", check=lambda v: 1 <= v <= 600
+    )
+    if None in (kind, url, model, attempts, timeout):
+        return False
+    return ServeFallbackConfig(kind, url, model, secret, attempts, float(timeout))
 
 
 def parse_ray_job(

@@ -121,6 +121,40 @@ class RayClusterConfig:
     """A ``ray-tpu:priorityClasses`` name (default: the team's priority)."""
 
 
+ENGINES = ("builtin", "vllm")
+"""``rayServices[].engine``: the built-in model (``workloads.serve:app``) or Ray Serve LLM with
+vLLM's TPU backend (``ray.serve.llm:build_openai_app``)."""
+LLM_ACCELERATOR_TYPES = ("TPU-V4", "TPU-V5P", "TPU-V5LITEPOD", "TPU-V6E")
+"""The TPU ``accelerator_type`` values Ray Serve LLM's ``LLMConfig`` accepts (Ray's docs)."""
+FALLBACK_KINDS = ("openai", "deployment")
+
+
+@dataclass(frozen=True)
+class LLMEngineConfig:
+    """``rayServices[].llm``: the model Ray Serve LLM serves with vLLM."""
+
+    model_id: str
+    """The name clients ask for (``model`` in OpenAI requests)."""
+    model_source: str
+    """Hugging Face repo id or ``gs://`` path of the weights."""
+    max_model_len: int = 4096
+    hf_token_secret: str | None = None
+    """``name/key`` of a Kubernetes secret with a Hugging Face token (gated models)."""
+
+
+@dataclass(frozen=True)
+class ServeFallbackConfig:
+    """``rayServices[].fallback``: where requests go when the TPU deployment has no capacity."""
+
+    kind: str
+    url: str = ""
+    model: str = ""
+    api_key_secret: str | None = None
+    """``name/key`` of the Kubernetes secret holding the external endpoint's API key."""
+    max_attempts: int = 3
+    timeout_s: float = 30.0
+
+
 @dataclass(frozen=True)
 class RayServiceConfig(RayClusterConfig):
     """A KubeRay RayService: a Ray Serve application on ``slice`` (its RayCluster, plus Serve)."""
@@ -134,6 +168,9 @@ class RayServiceConfig(RayClusterConfig):
     """The training run it serves: checkpoints from ``gs://<bucket>/<checkpoint_run>``."""
     target_ongoing_requests: float = 8.0
     """Serve autoscaling: requests in flight per replica the autoscaler aims for."""
+    engine: str = "builtin"
+    llm: LLMEngineConfig | None = None
+    fallback: ServeFallbackConfig | None = None
 
 
 @dataclass(frozen=True)

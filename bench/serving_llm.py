@@ -1,0 +1,429 @@
+"""Serving like an LLM server: open-loop traffic from a generated trace, and the decode path.
+
+Two parts, measured in the same run:
+
+1. **Traffic** (local slice cluster, one v6e 2x2 serving host): three Serve applications up side
+   by side, each one replica: the built-in app with the prefix cache (2 chips), the same app
+   without it (2 chips), and a trivial Ray Serve deployment that streams the right number of
+   tokens without computing anything (the floor: proxy, routing, SSE). A seeded trace
+   (:func:`trace`) of prompts that share a few system prompts (most requests) or none, with
+   varied user-turn lengths and output lengths, is replayed open-loop: arrivals are a Poisson
+   process at each rate, sent on time whether or not earlier requests are done. Every request is
+   a streaming ``/v1/completions`` call: TTFT is the time to the first SSE event, TPOT the time
+   between first and last over the tokens after the first. Reported per app and rate: TTFT and
+   TPOT p50/p99, completed requests/s, output tokens/s, and the prefix-cache hit rate (blocks
+   found / blocks looked up, from the replica's counters over that run).
+2. **Decode cost** (in this process, the default model, ``context_len`` 1024): time per new token
+   of the engine's decode loop (:func:`workloads.decode.decode`) at several prompt lengths, next
+   to a bare jitted KV-cached decode of the same parameters (``lax.fori_loop`` of greedy steps,
+   nothing else; the two are called in turn, each repeat) and to the uncached reference (every
+   token re-runs the sequence).
+
+    python -m bench.serving_llm [--rates 2 4 8] [--duration 20] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bench import _common
+from bench.serving import REPLICA_TPU, _serve_slice, serve_shape, write_checkpoint_process
+
+SYSTEM_LENGTHS = (256, 400, 600)
+SYSTEM_WEIGHTS = (0.45, 0.3, 0.15)
+"""Share of requests per system prompt; the remaining 10% have none."""
+USER_LENGTHS = (16, 160)
+OUTPUT_LENGTHS = (8, 16, 32)
+REQUEST_TIMEOUT_S = 120.0
+DECODE_CONTEXTS = (64, 256, 960)
+DECODE_STEPS = 64
+UNCACHED_STEPS = 4
+
+
+@dataclass(frozen=True)
+class Request:
+    at_s: float
+    prompt: str
+    max_tokens: int
+    system: int
+    """Index of its system prompt, -1 for none."""
+
+
+def trace(seed: int, rate: float, duration_s: float) -> list[Request]:
+    """Poisson arrivals at ``rate`` per second for ``duration_s``; prompts cut from the corpus:
+    a system prompt (by SYSTEM_WEIGHTS) then a user turn of USER_LENGTHS bytes."""
+    from workloads import corpus
+
+    text = corpus.load_corpus()
+    rng = np.random.default_rng(seed)
+    systems = []
+    for length in SYSTEM_LENGTHS:
+        start = int(rng.integers(0, len(text) - length))
+        systems.append(text[start : start + length])
+    requests, at = [], 0.0
+    weights = np.array([*SYSTEM_WEIGHTS, 1 - sum(SYSTEM_WEIGHTS)])
+    while True:
+        at += float(rng.exponential(1.0 / rate))
+        if at >= duration_s:
+            return requests
+        system = int(rng.choice(len(weights), p=weights))
+        length = int(rng.integers(*USER_LENGTHS))
+        start = int(rng.integers(0, len(text) - length))
+        head = systems[system] if system < len(systems) else ""
+        requests.append(
+            Request(
+                at,
+                head + "User: " + text[start : start + length],
+                int(rng.choice(OUTPUT_LENGTHS)),
+                system if system < len(systems) else -1,
+            )
+        )
+
+
+async def _one(session: Any, url: str, request: Request, began: float) -> dict[str, Any]:
+    await asyncio.sleep(max(0.0, began + request.at_s - time.perf_counter()))
+    body = {
+        "model": "raytpu-byte-lm",
+        "prompt": request.prompt,
+        "max_tokens": request.max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+    }
+    sent = time.perf_counter()
+    first = last = None
+    async with session.post(url, json=body) as response:
+        if response.status != 200:
+            return {"error": f"HTTP {response.status}: {(await response.read())[:200]!r}"}
+        async for line in response.content:
+            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                last = time.perf_counter()
+                first = first or last
+    if first is None or last is None:
+        return {"error": "no event"}
+    tpot = (last - first) / (request.max_tokens - 1) if request.max_tokens > 1 else None
+    return {"ttft": first - sent, "tpot": tpot, "tokens": request.max_tokens, "done": last}
+
+
+async def _replay(url: str, requests: list[Request]) -> dict[str, Any]:
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        began = time.perf_counter()
+        results = await asyncio.gather(
+            *(_one(session, url, r, began) for r in requests), return_exceptions=True
+        )
+    ok = [r for r in results if isinstance(r, dict) and "ttft" in r]
+    failed = [
+        str(r.get("error") if isinstance(r, dict) else r)[:200] for r in results if r not in ok
+    ]
+    span = max((r["done"] for r in ok), default=began) - began
+    return {"ok": ok, "errors": failed, "seconds": span}
+
+
+def floor_deployment() -> Any:
+    """A trivial Serve deployment: the same streaming reply shape, no model."""
+    from ray import serve
+
+    @serve.deployment(max_ongoing_requests=512, ray_actor_options={"num_cpus": 0})
+    class Floor:
+        async def __call__(self, request: Any) -> Any:
+            from starlette.responses import StreamingResponse
+
+            from workloads import openai_api
+
+            parsed = openai_api.parse(
+                openai_api.COMPLETIONS, await request.body(), "raytpu-byte-lm"
+            )
+            completion = openai_api.Completion(parsed)
+            wanted = parsed.generate.max_new_tokens
+
+            async def events():
+                yield completion.event([32], last=wanted == 1)
+                if wanted > 1:
+                    yield completion.event([32] * (wanted - 1), last=True)
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Floor.bind()
+
+
+def _prefix_counts(app: str) -> dict[str, Any] | None:
+    from ray import serve
+
+    handle = serve.get_deployment_handle("TextGenerator", app)
+    return handle.describe.remote().result(timeout_s=60)["prefix"]
+
+
+def _hit_rate(before: dict[str, Any] | None, after: dict[str, Any] | None) -> float | None:
+    if before is None or after is None:
+        return None
+    hits = sum(after["hits"].values()) - sum(before["hits"].values())
+    misses = after["misses"] - before["misses"]
+    return hits / (hits + misses) if hits + misses else None
+
+
+def traffic(checkpoint_dir: str, rates: Sequence[float], duration_s: float, seed: int) -> list:
+    from workloads.local_cluster import LocalSliceCluster
+    from workloads.serve import ServeOptions, build_app, deploy, shutdown
+
+    shape = serve_shape()
+    apps = {
+        "built-in, prefix cache on": build_app(
+            checkpoint_dir, tpu_per_replica=REPLICA_TPU, options=ServeOptions(shared_prefix=False)
+        ),
+        "built-in, prefix cache off": build_app(
+            checkpoint_dir, tpu_per_replica=REPLICA_TPU, options=ServeOptions(prefix_cache=False)
+        ),
+        "trivial Serve deployment (floor)": floor_deployment(),
+    }
+    names = {label: f"app{i}" for i, label in enumerate(apps)}
+    rows = []
+    with LocalSliceCluster([_serve_slice(shape)]) as cluster:
+        _common.progress(f"cluster up in {cluster.start_seconds:.1f} s")
+        port = _common.free_port()
+        urls = {}
+        try:
+            for label, app in apps.items():
+                _common.progress(f"deploying {label}")
+                handle = deploy(
+                    app,
+                    port=port,
+                    name=names[label],
+                    route_prefix=f"/{names[label]}",
+                    timeout_s=300,
+                )
+                urls[label] = handle.url + "/v1/completions"
+            warm = trace(seed + 1, 2.0, 4.0)
+            for label in apps:
+                _common.progress(f"warming up {label} ({len(warm)} requests)")
+                asyncio.run(_replay(urls[label], warm))
+            for rate in rates:
+                requests = trace(seed, rate, duration_s)
+                for label in apps:
+                    cached = label.startswith("built-in")
+                    before = _prefix_counts(names[label]) if cached else None
+                    _common.progress(f"rate {rate:g}/s: {label}, {len(requests)} requests")
+                    done = asyncio.run(_replay(urls[label], requests))
+                    after = _prefix_counts(names[label]) if cached else None
+                    rows.append(_row(label, rate, requests, done, _hit_rate(before, after)))
+        finally:
+            shutdown()
+    return rows
+
+
+def _row(label: str, rate: float, requests: list, done: dict, hit_rate: float | None) -> dict:
+    ok = done["ok"]
+    ttft = _common.summarize([r["ttft"] for r in ok]) if ok else None
+    tpots = [r["tpot"] for r in ok if r["tpot"] is not None]
+    tpot = _common.summarize(tpots) if tpots else None
+    seconds = done["seconds"] or float("nan")
+    return {
+        "app": label,
+        "rate": rate,
+        "sent": len(requests),
+        "completed": len(ok),
+        "errors": len(done["errors"]),
+        "firstErrors": done["errors"][:3],
+        "ttft": ttft.to_dict() if ttft else None,
+        "tpot": tpot.to_dict() if tpot else None,
+        "rps": len(ok) / seconds,
+        "tokensPerS": sum(r["tokens"] for r in ok) / seconds,
+        "prefixHitRate": hit_rate,
+    }
+
+
+# -- decode cost ----------------------------------------------------------------------------------
+
+
+def decode_cost(repeats: int) -> list[dict[str, Any]]:
+    """Per-token decode time at DECODE_CONTEXTS prompt lengths: engine loop, bare loop, uncached."""
+    import jax
+    import jax.numpy as jnp
+
+    from workloads import decode as d
+    from workloads import model as m
+
+    cfg = m.ModelConfig()
+    params = m.init_state(cfg, jax.random.PRNGKey(0)).params
+    lm = m.DecoderLM(cfg)
+
+    @jax.jit
+    def bare(params, kv, token, position):
+        def step(_, carry):
+            kv, token, position = carry
+            logits, kv = lm.apply({"params": params}, token[:, None], position[:, None], kv)
+            return kv, jnp.argmax(logits[:, 0], -1).astype(jnp.int32), position + 1
+
+        return jax.lax.fori_loop(0, DECODE_STEPS, step, (kv, token, position))[1]
+
+    def timed(fn) -> float:
+        fn()  # compile
+        samples = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - began)
+        return _common.summarize(samples).median
+
+    rows = []
+    for context in DECODE_CONTEXTS:
+        prompt = "x" * context
+        ids = [d.prompt_ids(cfg, prompt, DECODE_STEPS)]
+
+        def engine(ids=ids):
+            kv = d.new_cache(cfg, 1, None)
+            state = d.prefill(params, cfg, kv, ids, [0], [0.0], 0)
+            jax.block_until_ready(state.logits)
+            began = time.perf_counter()
+            d.decode(params, cfg, state, DECODE_STEPS, cap=256)
+            return time.perf_counter() - began
+
+        def bare_loop(ids=ids):
+            kv = d.new_cache(cfg, 1, None)
+            state = d.prefill(params, cfg, kv, ids, [0], [0.0], 0)
+            token = jnp.argmax(state.logits, -1).astype(jnp.int32)
+            jax.block_until_ready(token)
+            began = time.perf_counter()
+            bare(params, state.kv, token, state.positions).block_until_ready()
+            return time.perf_counter() - began
+
+        engine_s, bare_s = (t / DECODE_STEPS for t in _interleaved(engine, bare_loop, repeats))
+        uncached_s = (
+            timed(
+                lambda p=prompt: d.generate_tokens_uncached(
+                    params, cfg, [p], [UNCACHED_STEPS], [0.0]
+                )
+            )
+            / UNCACHED_STEPS
+        )
+        rows.append(
+            {
+                "context": context,
+                "engineTokenS": engine_s,
+                "bareTokenS": bare_s,
+                "uncachedTokenS": uncached_s,
+                "engineOverBare": _common.ratio(engine_s, bare_s),
+                "uncachedOverEngine": _common.ratio(uncached_s, engine_s),
+            }
+        )
+        _common.progress(f"decode cost at context {context}: {engine_s * 1e3:.2f} ms/token")
+    return rows
+
+
+def _interleaved(first, second, repeats: int) -> tuple[float, float]:
+    """Medians of ``first()`` and ``second()`` (each returns its own seconds), called in turn so
+    that the load of other processes hits both alike."""
+    first(), second()  # compile
+    a, b = [], []
+    for _ in range(repeats):
+        a.append(first())
+        b.append(second())
+    return _common.summarize(a).median, _common.summarize(b).median
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def _pct(stats: dict | None, key: str) -> str:
+    return _common.fmt_seconds(stats[key]) if stats else "n/a"
+
+
+def report(result: dict[str, Any]) -> None:
+    rows = [
+        [
+            r["app"],
+            f"{r['rate']:g}",
+            f"{r['completed']}/{r['sent']}",
+            _pct(r["ttft"], "p50"),
+            _pct(r["ttft"], "p99"),
+            _pct(r["tpot"], "p50"),
+            _pct(r["tpot"], "p99"),
+            f"{r['rps']:.2f}",
+            f"{r['tokensPerS']:.0f}",
+            "n/a" if r["prefixHitRate"] is None else f"{r['prefixHitRate']:.0%}",
+        ]
+        for r in result["traffic"]
+    ]
+    _common.print_table(
+        f"Open-loop Poisson traffic, streaming /v1/completions, {result['durationS']:g} s per "
+        f"rate, seed {result['seed']} ({_common.machine_line()})",
+        [
+            "app",
+            "rate/s",
+            "done",
+            "TTFT p50",
+            "TTFT p99",
+            "TPOT p50",
+            "TPOT p99",
+            "req/s",
+            "tok/s",
+            "prefix hits",
+        ],
+        rows,
+    )
+    _common.print_table(
+        f"Decode cost per new token ({DECODE_STEPS} steps, context_len 1024, batch 1)",
+        [
+            "prompt tokens",
+            "engine loop",
+            "bare jitted loop",
+            "engine / bare",
+            "uncached",
+            "uncached / engine",
+        ],
+        [
+            [
+                r["context"],
+                _common.fmt_seconds(r["engineTokenS"]),
+                _common.fmt_seconds(r["bareTokenS"]),
+                _common.fmt_ratio(r["engineOverBare"]),
+                _common.fmt_seconds(r["uncachedTokenS"]),
+                _common.fmt_ratio(r["uncachedOverEngine"]),
+            ]
+            for r in result["decode"]
+        ],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.serving_llm", description=__doc__)
+    parser.add_argument("--rates", type=float, nargs="+", default=[2.0, 4.0, 8.0])
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--skip-traffic", action="store_true")
+    args = parser.parse_args(argv)
+    for rate in args.rates:
+        if not 0 < rate <= 100:
+            parser.error(f"--rates: {rate!r} is not valid; valid: 0 < rate <= 100")
+    if not 1 <= args.duration <= 600:
+        parser.error(f"--duration: {args.duration!r} is not valid; valid: 1..600 seconds")
+    result: dict[str, Any] = {"seed": args.seed, "durationS": args.duration, "rates": args.rates}
+    if not args.skip_traffic:
+        with tempfile.TemporaryDirectory(prefix="bench-llm-") as checkpoint_dir:
+            _common.progress("saving a checkpoint of the workload's model (separate process)")
+            write_checkpoint_process(checkpoint_dir)
+            result["traffic"] = traffic(checkpoint_dir, args.rates, args.duration, args.seed)
+    else:
+        result["traffic"] = []
+    _common.progress("decode cost, in this process")
+    result["decode"] = decode_cost(args.repeats)
+    result["machine"] = _common.machine_info()
+    report(result)
+    path = _common.write_results("serving_llm", result)
+    _common.progress(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,213 @@
+"""The LLM-server features over real HTTP on one simulated v6e 2x2 serving host, one deployment
+for every test: two TPU replicas (2 chips each) behind the router, an external OpenAI-compatible
+stub as the fallback.
+
+- the ``openai`` client library against the local endpoint: completions, chat, both streamed;
+- a second replica hits a prefix the first cached (through the shared tier), and a hit skips
+  prefill (fewer prefilled tokens, less prefill time, hit counters);
+- fallback engages when the TPU replicas are past their queue bound and disengages after;
+  a fallback that answers 429 gets bounded retries and the client a 429 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from raytpu.catalog import SliceShape, shape
+from workloads.local_cluster import LocalSliceCluster, free_port
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+
+V6E_2X2 = shape("v6e", "2x2")
+MODEL = "raytpu-byte-lm"
+SYSTEM = (
+    "You are the station's assistant. Answer in one short sentence, politely, in English, "
+    "and never invent a timetable. "
+) * 6  # 702 bytes: 43 full blocks of 16
+
+
+@dataclass(frozen=True)
+class Slice:
+    name: str
+    shape: SliceShape
+    count: int
+
+
+class Stub:
+    """An OpenAI-compatible upstream: 200 with a fixed completion, or 429 while ``limited``."""
+
+    def __init__(self) -> None:
+        self.limited = False
+        self.calls = 0
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                stub.calls += 1
+                status = 429 if stub.limited else 200
+                payload = {"choices": [{"index": 0, "text": "from the fallback"}]}
+                body = json.dumps(payload if status == 200 else {"error": "busy"}).encode()
+                self.send_response(status)
+                if status == 429:
+                    self.send_header("Retry-After", "3")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+
+@pytest.fixture(scope="module")
+def stub():
+    upstream = Stub()
+    upstream.thread.start()
+    try:
+        yield upstream
+    finally:
+        upstream.server.shutdown()
+        upstream.thread.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    import jax
+
+    from workloads import model as m
+    from workloads.checkpoint import open_checkpoints, save_state
+
+    directory = str(tmp_path_factory.mktemp("llm") / "ck")
+    cfg = m.ModelConfig()
+    manager = open_checkpoints(directory)
+    try:
+        save_state(manager, 1, m.init_state(cfg, jax.random.PRNGKey(0)), cfg)
+        manager.wait_until_finished()
+    finally:
+        manager.close()
+    return directory
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint, stub):
+    from workloads import serve as serving
+    from workloads.fallback import FallbackConfig
+
+    fallback = FallbackConfig("openai", stub.url, "stub", timeout_s=5, backoff_s=0.05)
+    with LocalSliceCluster([Slice("serve", V6E_2X2, 1)]):
+        app = serving.build_app(
+            checkpoint,
+            V6E_2X2,
+            tpu_per_replica=2,
+            num_replicas=2,
+            # Batches of at most 2 (one bucket to compile), 1 request in flight per replica.
+            options=serving.ServeOptions(max_batch_size=2, max_queue=1),
+            fallback=fallback,
+            tpu_timeout_s=60,
+        )
+        handle = serving.deploy(app, port=free_port(), timeout_s=300)
+        try:
+            yield handle
+        finally:
+            serving.shutdown()
+
+
+def post(url: str, body: dict) -> tuple[int, dict, dict]:
+    import requests
+
+    reply = requests.post(url, json=body, timeout=120)
+    return reply.status_code, reply.json(), dict(reply.headers)
+
+
+def test_openai_client_completions_and_chat_streamed_and_not(served):
+    import openai
+
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", timeout=120)
+    assert [m.id for m in client.models.list()] == [MODEL]
+    done = client.completions.create(model=MODEL, prompt="The old teacher", max_tokens=12)
+    assert done.object == "text_completion" and done.usage.completion_tokens == 12
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=6
+    )
+    assert chat.choices[0].message.role == "assistant"
+    streamed = client.completions.create(
+        model=MODEL, prompt="The old teacher", max_tokens=20, temperature=0, stream=True
+    )
+    texts = [chunk.choices[0].text for chunk in streamed]
+    assert len(texts) == 4  # 20 tokens: the first alone, then decode loops of 8: 1, 8, 8, 3
+    greedy = client.completions.create(
+        model=MODEL, prompt="The old teacher", max_tokens=20, temperature=0
+    )
+    assert "".join(texts) == greedy.choices[0].text
+    chunks = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=9, stream=True
+    )
+    deltas = [c.choices[0].delta for c in chunks]
+    assert deltas[0].role == "assistant" and len(deltas) == 2
+    with pytest.raises(openai.NotFoundError, match="model: 'gpt-4' is not valid"):
+        client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.UnprocessableEntityError, match="max_tokens: 999 is not valid"):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=999)
+
+
+def test_a_second_replica_hits_the_prefix_the_first_cached_and_skips_its_prefill(served):
+    from ray import serve
+
+    replies = []
+    for index in range(12):  # two replicas, picked at random: the second one shows up soon
+        status, body, headers = post(
+            served.url, {"prompt": SYSTEM + f"Question {index}?", "max_new_tokens": 4}
+        )
+        assert status == 200 and headers["x-raytpu-served-by"] == "tpu", body
+        replies.append(body)
+        if body["prefix_tier"] == "shared":
+            break
+    cold, *warm = replies
+    assert cold["prefix_tier"] == "" and cold["prefix_cached_tokens"] == 0
+    assert warm and warm[-1]["prefix_tier"] == "shared", [r["prefix_tier"] for r in replies]
+    assert {r["prefix_cached_tokens"] for r in warm} == {688}  # 43 blocks; the last token runs
+    assert max(r["prefill_ms"] for r in warm) < cold["prefill_ms"], replies
+    generator = serve.get_deployment_handle("TextGenerator", served.name)
+    counts = [generator.describe.remote().result(timeout_s=60)["prefix"] for _ in range(6)]
+    assert any(c["hits"]["shared"] >= 43 for c in counts), counts
+    assert all(c["misses"] >= 0 for c in counts)
+
+
+def test_fallback_engages_past_the_queue_bound_and_disengages_after(served, stub):
+    stub.limited = False
+    body = {"model": MODEL, "prompt": "Where did the train go", "max_tokens": 48}
+
+    def ask(_):
+        return post(served.url + "/v1/completions", body)
+
+    with ThreadPoolExecutor(8) as pool:
+        burst = list(pool.map(ask, range(8)))
+    served_by = [headers["x-raytpu-served-by"] for _, _, headers in burst]
+    assert all(status == 200 for status, _, _ in burst), burst
+    assert "fallback-openai" in served_by and "tpu" in served_by, served_by
+    texts = [b["choices"][0]["text"] for _, b, h in burst if h["x-raytpu-served-by"] != "tpu"]
+    assert set(texts) == {"from the fallback"}
+    status, _, headers = ask(0)  # alone again: back on the TPU replicas
+    assert status == 200 and headers["x-raytpu-served-by"] == "tpu"
+
+    stub.limited, stub.calls = True, 0
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            limited = list(pool.map(ask, range(8)))
+    finally:
+        stub.limited = False
+    refused = [(s, b, h) for s, b, h in limited if s != 200]
+    assert refused and all(s == 429 for s, _, _ in refused), limited
+    assert all(h["retry-after"] == "3" for _, _, h in refused)
+    assert all("RTPU-U01" in b["error"]["message"] for _, b, _ in refused)
+    assert stub.calls == 3 * len(refused)  # max_attempts 3 per refused request, no more
