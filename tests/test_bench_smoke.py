@@ -160,6 +160,7 @@ def test_reservation_verdicts(speedup, partial, straddling, expected):
     assert [line.split(":")[0] for line in lines] == expected
     assert f"{speedup:.1f}x" in lines[0]
 
+
 def test_serving_llm_trace_is_seeded_poisson_with_shared_system_prompts():
     from bench import serving_llm
 
