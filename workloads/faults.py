@@ -104,11 +104,13 @@ class FaultPlan:
         return FaultPlan(tuple(f for f in self.faults if str(f) not in gone))
 
     def at(self, step: int, process_index: int, process_count: int) -> list[FaultSpec]:
-        """The faults this host applies before ``step`` (a spike on every host)."""
+        """The one-shot faults this host applies before ``step`` (a spike on every host); a slow
+        host is not one: see :meth:`slow_from`."""
         return [
             f
             for f in self.faults
             if f.step == step
+            and f.kind != "slow-host"
             and (f.kind == "spike" or f.host_index(process_count) == process_index)
         ]
 
