@@ -318,3 +318,23 @@ def test_goodput_bench_places_each_fault_and_prints_one_row_per_run(capsys) -> N
     assert ["none", "90.0", "s", "25%", "1", "-", "-", "-"] in rows
     kill = ["kill-host@7:1", "90.0", "s", "25%", "2", "30.0", "s", "2", "host_loss@7:", "restart"]
     assert kill in rows
+
+
+def test_fast_tier_round_trips_the_state_keeps_the_newest_and_skips_partial_files(tmp_path):
+    import jax
+
+    from workloads import model as m
+    from workloads import tiers
+
+    cfg = m.ModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, seq_len=8)
+    state = m.init_state(cfg, jax.random.PRNGKey(0))
+    other = m.init_state(cfg, jax.random.PRNGKey(1))
+    for step in (5, 10, 15):
+        tiers.save_fast(tmp_path, step, state, {"spike_window": [2.5, 2.4]})
+    (tmp_path / ".step_20.npz.partial").write_bytes(b"half")
+    assert tiers.fast_steps(tmp_path) == [10, 15]
+    plan = tiers.choose_restore([tiers.fast_steps(tmp_path)], 10)
+    restored, meta = tiers.restore_fast(tmp_path, plan, other, process_index=0)
+    assert m.params_digest(restored.params) == m.params_digest(state.params)
+    assert m.params_digest(other.params) != m.params_digest(state.params)
+    assert (int(restored.step), meta) == (15, {"spike_window": [2.5, 2.4]})
