@@ -12,7 +12,16 @@ import sys
 
 from bench import _common
 
-BENCHMARKS = ("iac_scale", "reservation", "training", "serving", "matmul", "presets", "serving_llm")
+BENCHMARKS = (
+    "iac_scale",
+    "reservation",
+    "training",
+    "serving",
+    "matmul",
+    "presets",
+    "serving_llm",
+    "goodput",
+)
 DEFAULT = ("iac_scale", "reservation", "training", "serving")
 TIMEOUT_S = 1200.0
 """Bound on one benchmark (the defaults take a few minutes each on 2 cores)."""

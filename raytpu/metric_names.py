@@ -97,6 +97,28 @@ CHECKPOINT_SECONDS = Metric(
     _SECONDS,
     "s",
 )
+TRAIN_GOODPUT = Metric(
+    "raytpu_train_goodput",
+    "gauge",
+    "Productive step time over wall time of the last finished training run",
+    (),
+    (),
+    "percentunit",
+)
+TRAIN_FAULT_EVENTS = Metric(
+    "raytpu_train_fault_events",
+    "counter",
+    "Training fault events by class (hang, host_loss, preemption, loss_spike, slow_host)",
+    ("event_class",),
+)
+TRAIN_RECOVERY_SECONDS = Metric(
+    "raytpu_train_recovery_seconds",
+    "histogram",
+    "Seconds from a failed training attempt until the next one finished a step",
+    ("event_class",),
+    _SECONDS,
+    "s",
+)
 ERRORS = Metric(
     "raytpu_errors", "counter", "Failures by workload and error class", ("workload", "error_class")
 )
@@ -155,6 +177,9 @@ ALL_METRICS: tuple[Metric, ...] = (
     TRAIN_TOKENS_PER_S,
     TRAIN_MFU,
     CHECKPOINT_SECONDS,
+    TRAIN_GOODPUT,
+    TRAIN_FAULT_EVENTS,
+    TRAIN_RECOVERY_SECONDS,
     ERRORS,
     SERVE_REQUESTS,
     SERVE_LATENCY,

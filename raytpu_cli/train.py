@@ -51,9 +51,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--start-timeout", type=float, default=120.0, help="worker group start bound, seconds"
     )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=2,
+        help="attempts after a lost host, hang or preemption (default 2)",
+    )
+    parser.add_argument(
+        "--spike-policy",
+        default="skip",
+        help="on a loss spike: log, skip (the batch) or rollback (default skip)",
+    )
+    parser.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="KIND@STEP[:HOST]",
+        help="inject a fault (repeatable): kill-host, hang, spike, slow-host, preempt; "
+        "e.g. --inject kill-host@40 --inject hang@70:1",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from workloads.faults import check_hosts, parse_faults
+    from workloads.goodput import GoodputConfig
     from workloads.train import TrainConfig, TrainingError, run_training
 
     try:
@@ -63,12 +84,20 @@ def run(args: argparse.Namespace) -> int:
             steps=args.steps,
             global_batch=args.global_batch,
             checkpoint_every=args.checkpoint_every,
+            goodput=GoodputConfig(
+                max_restarts=args.max_restarts,
+                spike_policy=args.spike_policy,
+                faults=tuple(str(f) for f in parse_faults(args.inject, field="--inject")),
+            ),
         )
         config.validate(chosen.shape, args.num_slices)
         check_seconds("--reserve-timeout", args.reserve_timeout)
         check_seconds("--start-timeout", args.start_timeout)
         check_writable_dir("--checkpoint-dir", args.checkpoint_dir)
         processes = chosen.shape.workers() * args.num_slices
+        check_hosts(
+            parse_faults(args.inject, field="--inject"), processes, args.steps, field="--inject"
+        )
         try:
             require_shared("--checkpoint-dir", args.checkpoint_dir, processes)
         except ValueError as error:
@@ -97,4 +126,10 @@ def run(args: argparse.Namespace) -> int:
         f"{result.process_count} processes / {result.device_count} devices, "
         f"checkpoint {result.checkpoint_dir} @ {result.latest_checkpoint}"
     )
+    print(
+        f"goodput {result.goodput:.0%} over {result.wall_s:.0f} s, {result.attempts} attempt(s); "
+        f"events in {result.log_dir}/events.jsonl"
+    )
+    for event in result.events:
+        print(f"  - {event.line()}")
     return 0

@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,6 +222,15 @@ class TrainTelemetry:
     def failed(self, failure: BaseException) -> None:
         if self.enabled:
             error("train", failure, self.labels)
+
+
+def goodput(ratio: float, events: Iterable[Any], labels: Labels) -> None:
+    """A finished run's goodput and its fault events (:class:`workloads.goodput.GoodputEvent`)."""
+    record(mn.TRAIN_GOODPUT, ratio, labels)
+    for event in events:
+        record(mn.TRAIN_FAULT_EVENTS, 1, labels, event_class=event.kind)
+        if event.duration_s > 0:
+            record(mn.TRAIN_RECOVERY_SECONDS, event.duration_s, labels, event_class=event.kind)
 
 
 def check_loss(step: int, loss: float) -> None:

@@ -1,0 +1,147 @@
+"""Goodput on the simulated slice cluster: one run with every fault injected, one without.
+
+One v6e 2x4 slice on two 4-chip hosts, checkpoints on the GCS emulator (durable tier) and each
+host's own working dir (fast tier). The faulty run, checked event by event:
+
+- ``kill-host@8:1``: host 1 loses its disk and its worker dies -> attempt 2 restores the fast
+  tier's step 5 (host 1 gets it from host 0), 3 steps lost (< ``fast_every``);
+- ``spike@12``: a corrupt batch at step 12 -> a loss spike, its update skipped (policy ``skip``);
+- ``hang@17:1``: host 1 stops -> every worker's watchdog fires within its bound, stacks dumped,
+  attempt 3 restores the fast tier's step 15;
+- ``slow-host@19:0``: host 0 slows down from step 19 -> flagged, naming host 0.
+
+The clean run has the same spike (the same data is skipped) and nothing else: both must end with
+the same parameters, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from gcs_fixture import gcs_or_skip
+
+from raytpu.catalog import shape
+from raytpu_cli.common import SliceChoice
+from workloads.goodput import GoodputConfig
+from workloads.local_cluster import LocalSliceCluster
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
+
+V6E_2X4_4T = shape("v6e", "2x4", machine_type="ct6e-standard-4t")
+BUCKET = "raytpu-goodput"
+STEPS = 24
+HOSTS = ("train-0/0", "train-0/1")
+MODEL = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "seq_len": 32}
+MODEL |= {"learning_rate": 1e-2, "warmup_steps": 2}
+"""Tiny, and fast to learn: by step 12 a batch of random bytes is a clear spike."""
+HANG_FLOOR_S = 6.0
+GOODPUT = dict(
+    fast_every=5, hang_floor_s=HANG_FLOOR_S, startup_timeout_s=120.0, slow_fraction=0.6,
+    slow_steps=3, spike_k=8.0, spike_window=6, spike_min_history=6,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from workloads.train import TrainConfig, run_training
+
+    logs = tmp_path_factory.mktemp("goodput-logs")
+
+    def config(run: str, faults: tuple[str, ...]) -> TrainConfig:
+        return TrainConfig(
+            checkpoint_dir=f"gs://{BUCKET}/{run}",
+            steps=STEPS,
+            global_batch=16,
+            checkpoint_every=20,
+            log_every=100,
+            model=MODEL,
+            goodput=GoodputConfig(**GOODPUT, faults=faults, log_dir=str(logs / run)),
+        )
+
+    with (
+        gcs_or_skip(BUCKET) as gcs,
+        LocalSliceCluster([SliceChoice("train", V6E_2X4_4T, 1)], env=gcs.env) as cluster,
+    ):
+        clean = run_training(V6E_2X4_4T, config("clean", ("spike@12",)), name="clean")
+        faults = ("kill-host@8:1", "spike@12", "hang@17:1", "slow-host@19:0")
+        faulty = run_training(V6E_2X4_4T, config("faulty", faults), name="faulty")
+        yield clean, faulty, cluster
+
+
+def _host(result, process_index: int) -> str:
+    (placement,) = [p for p in result.placements if p.process_index == process_index]
+    return f"{placement.slice_name}/{placement.tpu_worker_id}"
+
+
+def test_clean_run_skips_the_spike_and_nothing_else(runs):
+    clean, _, _ = runs
+    assert [(e.kind, e.step, e.action) for e in clean.events] == [("loss_spike", 12, "skip")]
+    assert (clean.attempts, clean.restores, clean.final_step) == (1, (("none", 0),), STEPS)
+    assert 0 < clean.goodput <= 1
+
+
+def test_faulty_run_recovers_from_each_fault_in_order(runs):
+    _, faulty, _ = runs
+    kinds = [(e.kind, e.step) for e in faulty.events]
+    assert kinds == [
+        ("host_loss", 8),
+        ("loss_spike", 12),
+        ("hang", 17),
+        ("slow_host", 22),
+    ], faulty.events
+    assert faulty.attempts == 3
+    assert faulty.restores == (("none", 0), ("fast", 5), ("fast", 15))
+    assert faulty.final_step == STEPS and faulty.latest_checkpoint == STEPS
+    # The restarts cost wall time; slow steps still count as productive (they made progress).
+    assert 0 < faulty.goodput <= 1 and faulty.wall_s > runs[0].wall_s
+
+
+def test_lost_host_resumes_from_the_fast_tier_of_its_peer(runs):
+    _, faulty, _ = runs
+    loss = faulty.events[0]
+    assert loss.host in HOSTS  # process 1 of attempt 1 (Ray may place the processes anew)
+    assert loss.action == "restart from the newest checkpoint: resumed from the fast tier at step 5"
+    assert loss.step - 5 <= GOODPUT["fast_every"]
+    assert loss.duration_s > 0
+
+
+def test_hang_is_detected_within_bound_with_every_workers_stacks(runs):
+    _, faulty, _ = runs
+    hang = faulty.events[2]
+    assert hang.host in HOSTS, hang
+    assert hang.action.endswith("resumed from the fast tier at step 15")
+    waited = float(hang.detail.split("no step for ")[1].split(" s")[0])
+    assert HANG_FLOOR_S <= waited < HANG_FLOOR_S + 3, hang.detail
+    stacks = [Path(p) for p in hang.detail.split("stacks of 2 worker(s): ")[1].split(", ")]
+    assert sorted(p.name for p in stacks) == ["attempt-1-train-0-0.txt", "attempt-1-train-0-1.txt"]
+    dumps = {p.name: p.read_text() for p in stacks}
+    culprit = dumps[f"attempt-1-{hang.host.replace('/', '-')}.txt"]
+    assert "workloads/faults.py" in culprit and " in apply" in culprit  # the injected sleep
+    assert all(" in on_hang" in text for text in dumps.values())
+
+
+def test_slow_host_is_named(runs):
+    _, faulty, _ = runs
+    slow = faulty.events[3]
+    assert slow.host == _host(faulty, 0)
+    assert slow.action.startswith("warned")
+
+
+def test_spike_is_detected_at_its_step_and_skipped(runs):
+    _, faulty, _ = runs
+    spike = faulty.events[1]
+    assert (spike.kind, spike.step, spike.action) == ("loss_spike", 12, "skip")
+    assert "MAD" in spike.detail
+
+
+def test_interrupted_run_ends_with_the_same_parameters_as_the_clean_one(runs):
+    clean, faulty, _ = runs
+    assert faulty.params_digest == clean.params_digest
+
+
+def test_events_are_in_the_run_log(runs):
+    _, faulty, _ = runs
+    lines = Path(faulty.log_dir, "events.jsonl").read_text().splitlines()
+    assert [json.loads(line)["kind"] for line in lines] == [e.kind for e in faulty.events]

@@ -1,0 +1,304 @@
+"""Goodput: what keeps a training run productive through hangs, loss spikes and slow hosts.
+
+Stdlib only (the driver imports it); the workers run the detectors every step.
+
+- :class:`GoodputConfig`: restart limit, fast checkpoint tier, detector thresholds, policies and
+  injected faults (:mod:`workloads.faults`) of a run (``TrainConfig.goodput``).
+- :class:`SpikeDetector`: a loss is a **spike** when it lies more than ``k`` x MAD (median absolute
+  deviation) above the median of the last ``window`` accepted losses.
+- :func:`hang_threshold` and :class:`Watchdog`: a **hang** is no step for
+  ``max(k x median step time, floor)`` seconds (``startup_timeout_s`` before the first step, which
+  bounds the first collective of a partial slice); the watchdog dumps every thread's stack
+  (faulthandler) to the run's log dir and ends the worker, so the attempt restarts.
+- :class:`SlowHostDetector`: step time over ``baseline / fraction`` for ``steps`` steps in a row
+  flags the host whose own (pre-collective) time is the largest.
+- :class:`GoodputEvent`: one fault and what was done about it; :func:`goodput`.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SPIKE_POLICIES = ("log", "skip", "rollback")
+SLOW_POLICIES = ("warn",)
+EVENT_KINDS = ("hang", "host_loss", "preemption", "loss_spike", "slow_host")
+
+
+@dataclass(frozen=True)
+class GoodputConfig:
+    max_restarts: int = 2
+    """Attempts after the first that a lost host, hang or preemption may start."""
+    fast_every: int = 5
+    """Steps between fast-tier checkpoints (each host's local disk); 0: none."""
+    fast_dir: str = "raytpu-fast-tier"
+    """The fast tier on each host: absolute (a local SSD mount on GKE) or under its temp folder."""
+    spike_policy: str = "skip"
+    spike_k: float = 8.0
+    spike_window: int = 16
+    spike_min_history: int = 6
+    hang_k: float = 10.0
+    hang_floor_s: float = 30.0
+    startup_timeout_s: float = 300.0
+    checkpoint_timeout_s: float = 300.0
+    """Bound on one checkpoint save or restore (the hang bound while one runs)."""
+    slow_fraction: float = 0.5
+    slow_steps: int = 3
+    slow_policy: str = "warn"
+    preempt_grace_s: float = 25.0
+    """Seconds a preemption notice (SIGTERM) leaves: an emergency save only if it fits."""
+    faults: tuple[str, ...] = ()
+    """Injected faults (``workloads.faults`` specs)."""
+    log_dir: str = ""
+    """The driver's folder for the event log and stack dumps; default ``$TMPDIR/raytpu-runs/NAME``."""
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> GoodputConfig:
+        return cls(**{**raw, "faults": tuple(raw.get("faults", ()))})
+
+    def validate(self) -> None:
+        from workloads.faults import parse_faults
+
+        checks = [
+            ("max_restarts", self.max_restarts, self.max_restarts >= 0, "an integer >= 0"),
+            ("fast_every", self.fast_every, self.fast_every >= 0, "an integer >= 0"),
+            ("spike_policy", self.spike_policy, self.spike_policy in SPIKE_POLICIES,
+             ", ".join(SPIKE_POLICIES)),
+            ("spike_k", self.spike_k, self.spike_k > 0, "> 0"),
+            ("spike_window", self.spike_window, self.spike_window >= 3, "an integer >= 3"),
+            ("spike_min_history", self.spike_min_history,
+             3 <= self.spike_min_history <= self.spike_window, f"3..{self.spike_window}"),
+            ("hang_k", self.hang_k, self.hang_k > 1, "> 1"),
+            ("hang_floor_s", self.hang_floor_s, self.hang_floor_s > 0, "> 0 seconds"),
+            ("startup_timeout_s", self.startup_timeout_s, self.startup_timeout_s > 0, "> 0"),
+            ("checkpoint_timeout_s", self.checkpoint_timeout_s, self.checkpoint_timeout_s > 0,
+             "> 0"),
+            ("slow_fraction", self.slow_fraction, 0 < self.slow_fraction < 1, "0 < x < 1"),
+            ("slow_steps", self.slow_steps, self.slow_steps >= 1, "an integer >= 1"),
+            ("slow_policy", self.slow_policy, self.slow_policy in SLOW_POLICIES,
+             ", ".join(SLOW_POLICIES)),
+            ("preempt_grace_s", self.preempt_grace_s, self.preempt_grace_s >= 0, ">= 0"),
+        ]  # fmt: skip
+        for name, value, ok, valid in checks:
+            if not ok:
+                raise ValueError(f"train.goodput.{name}: {value!r} is not valid; valid: {valid}")
+        parse_faults(self.faults, field="train.goodput.faults")
+
+
+@dataclass(frozen=True)
+class GoodputEvent:
+    """One fault: its class (:data:`EVENT_KINDS`), the step, the host, what was done, how long the
+    recovery took (seconds from the failure until training ran again; 0 for in-place actions)."""
+
+    kind: str
+    step: int
+    host: str
+    action: str
+    duration_s: float = 0.0
+    detail: str = ""
+
+    def line(self) -> str:
+        return (
+            f"{self.kind} at step {self.step} on {self.host or '-'}: {self.action} "
+            f"({self.duration_s:.1f} s){' - ' + self.detail if self.detail else ''}"
+        )
+
+
+def goodput(productive_s: float, wall_s: float) -> float:
+    """Productive step time over wall time (0 when nothing ran)."""
+    return 0.0 if wall_s <= 0 else min(1.0, productive_s / wall_s)
+
+
+# ------------------------------------------------------------------------------ loss spikes
+class SpikeDetector:
+    """Rolling median / MAD over the last ``window`` accepted losses."""
+
+    def __init__(
+        self, k: float, window: int, min_history: int, history: Sequence[float] = ()
+    ) -> None:
+        self.k = k
+        self.min_history = min_history
+        self.losses: deque[float] = deque(history, maxlen=window)
+
+    def threshold(self) -> float | None:
+        """The loss above which a step is a spike; None until ``min_history`` losses."""
+        if len(self.losses) < self.min_history:
+            return None
+        median = statistics.median(self.losses)
+        mad = statistics.median(abs(x - median) for x in self.losses)
+        # A flat window has MAD 0: 1 % of the median keeps a tiny wobble from being a spike.
+        return median + self.k * max(mad, 0.01 * abs(median))
+
+    def is_spike(self, loss: float) -> bool:
+        """Whether ``loss`` is a spike; a loss that is not enters the window."""
+        limit = self.threshold()
+        if limit is not None and loss > limit:
+            return True
+        self.losses.append(loss)
+        return False
+
+
+# ------------------------------------------------------------------------------------ hangs
+def hang_threshold(step_seconds: Sequence[float], k: float, floor_s: float) -> float:
+    """``max(k x median step time, floor)``; ``floor`` before any step time is known."""
+    if not step_seconds:
+        return floor_s
+    return max(k * statistics.median(step_seconds), floor_s)
+
+
+def dump_stacks(log_dir: Path, name: str) -> Path:
+    """Every thread's Python stack of this process into ``log_dir/name`` (faulthandler)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    path = log_dir / name
+    with path.open("w", encoding="utf-8") as out:
+        out.write(f"pid {os.getpid()} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        out.flush()
+        faulthandler.dump_traceback(file=out, all_threads=True)
+    return path
+
+
+class Watchdog:
+    """A daemon thread over one worker's step progress: ``on_hang(step, waited_s, limit_s)`` runs
+    once when no :meth:`beat` came for the hang threshold (``startup_s`` before the first)."""
+
+    def __init__(
+        self,
+        *,
+        k: float,
+        floor_s: float,
+        startup_s: float,
+        on_hang: Callable[[int, float, float], None],
+        poll_s: float = 0.25,
+        recent: int = 32,
+    ) -> None:
+        self.k, self.floor_s, self.startup_s = k, floor_s, startup_s
+        self._on_hang = on_hang
+        self._poll_s = poll_s
+        self._times: deque[float] = deque(maxlen=recent)
+        self._step = -1
+        self._allow = 0.0
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="hang-watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        self._last = time.monotonic()
+        self._thread.start()
+        return self
+
+    def beat(self, step: int, seconds: float | None = None) -> None:
+        if seconds is not None:
+            self._times.append(seconds)
+        self._step = step
+        self._allow = 0.0
+        self._last = time.monotonic()
+
+    def expect(self, seconds: float) -> None:
+        """Before a known long operation (a checkpoint): until the next :meth:`beat`, the limit
+        is at least ``seconds``, counted from now."""
+        self._allow = seconds
+        self._last = time.monotonic()
+
+    def limit_s(self) -> float:
+        if self._step < 0:
+            return max(self.startup_s, self._allow)
+        return max(hang_threshold(list(self._times), self.k, self.floor_s), self._allow)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            waited = time.monotonic() - self._last
+            limit = self.limit_s()
+            if waited > limit:
+                self._stop.set()
+                self._on_hang(self._step, waited, limit)
+
+
+# ------------------------------------------------------------------------------- slow hosts
+@dataclass
+class SlowHostDetector:
+    """The run's baseline is the median step time of steps ``skip`` .. ``skip + baseline_steps``
+    (after compilation); then ``steps`` steps in a row slower than ``baseline / fraction`` flag
+    the host with the largest own time over those steps, once per host."""
+
+    fraction: float
+    steps: int
+    baseline_steps: int = 3
+    skip: int = 1
+    _seen: list[float] = field(default_factory=list)
+    _run: list[Sequence[float]] = field(default_factory=list)
+    flagged: set[int] = field(default_factory=set)
+
+    @property
+    def baseline(self) -> float | None:
+        window = self._seen[self.skip : self.skip + self.baseline_steps]
+        return statistics.median(window) if len(window) == self.baseline_steps else None
+
+    def observe(self, step_s: float, host_s: Sequence[float]) -> int | None:
+        """One step's time and each host's own time; the slow host's index when flagged."""
+        baseline = self.baseline
+        self._seen.append(step_s)
+        if baseline is None:
+            return None
+        if step_s <= baseline / self.fraction:
+            self._run.clear()
+            return None
+        self._run.append(host_s)
+        if len(self._run) < self.steps:
+            return None
+        totals = [sum(per_step[i] for per_step in self._run) for i in range(len(host_s))]
+        self._run.clear()
+        slowest = max(range(len(totals)), key=totals.__getitem__)
+        if slowest in self.flagged:
+            return None
+        self.flagged.add(slowest)
+        return slowest
+
+
+# ------------------------------------------------------------------------------ preemption
+class GracefulStop:
+    """SIGTERM (a preemption notice) sets :attr:`requested`; the training loop then saves an
+    emergency checkpoint if :meth:`save_fits` and leaves. Installed only from the main thread
+    (Python signals); elsewhere :meth:`install` returns False and SIGTERM keeps its default."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.requested_at: float | None = None
+        self._previous: Any = None
+
+    @property
+    def requested(self) -> bool:
+        return self.requested_at is not None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested_at = time.monotonic()
+
+    def install(self) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return True
+
+    def uninstall(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+    def save_fits(self, save_estimate_s: float, now: float | None = None) -> bool:
+        """Whether a save of ``save_estimate_s`` ends inside the grace period of the notice."""
+        if self.requested_at is None:
+            return False
+        left = self.grace_s - ((now if now is not None else time.monotonic()) - self.requested_at)
+        return save_estimate_s < left

@@ -1,0 +1,314 @@
+"""The training loop of one Ray Train worker (one per TPU host): jax is imported in here only.
+
+Per step: the host's own work (its data, injected faults) is timed, the step runs on the mesh,
+and then the goodput checks run on every host alike (their inputs are global: the loss, and
+every host's own time gathered by a collective), so every host takes the same decision:
+
+- loss spike (:class:`workloads.goodput.SpikeDetector`): ``log``; ``skip`` (the step's update is
+  dropped, its batch is not trained on); ``rollback`` (back to the newest checkpoint of either
+  tier, the offending batch left out from then on);
+- slow host (:class:`workloads.goodput.SlowHostDetector`): named in an event (policy ``warn``);
+- hang (:class:`workloads.goodput.Watchdog`): stacks dumped, the worker ends, the driver restarts;
+- fast tier every ``goodput.fast_every`` steps, durable tier every ``checkpoint_every``
+  (:mod:`workloads.tiers`).
+
+Events go to the run's board (:class:`workloads.train_config.RunBoard`), which the driver reads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from workloads import goodput as gp
+from workloads import multislice, storage, telemetry
+from workloads.faults import FaultPlan
+from workloads.train_config import TrainConfig, TrainProgress, WorkerPlacement
+
+logger = logging.getLogger(__name__)
+
+HANG_EXIT_CODE = 70
+PREEMPTED_EXIT_CODE = 143
+
+
+def data_index(step: int, skipped: list[int]) -> int:
+    """The batch a step trains on: the step's own, shifted past the left-out batches."""
+    index = step
+    for bad in sorted(skipped):
+        if bad <= index:
+            index += 1
+    return index
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Runs once per TPU host. Must be called under JaxTrainer (jax.distributed is initialized)."""
+    if config.get("scale"):  # a preset on a hybrid mesh (workloads.multislice)
+        return multislice.train_loop_sharded(config, report=_report, placement=_my_placement)
+    from functools import partial
+
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from workloads import model as m
+    from workloads import tiers
+    from workloads.checkpoint import open_checkpoints, restore_state, save_state
+    from workloads.corpus import load_corpus
+
+    began = time.monotonic()
+    _quiet_worker_logs()
+    run = TrainConfig.from_dict(config["train"])
+    good = run.goodput
+    plan = FaultPlan.from_config(config.get("faults", ()))
+    skipped: list[int] = list(config.get("skip_data", ()))
+    cfg = m.ModelConfig.from_dict(run.model)
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    data_sharding = NamedSharding(mesh, P("data"))
+    replicated = NamedSharding(mesh, P())
+    me, hosts = jax.process_index(), jax.process_count()
+    local_batch = run.global_batch // hosts
+    corpus = m.encode(load_corpus())
+    board = config["board"]
+    placement = _my_placement()
+    host_name = f"{placement.slice_name}/{placement.tpu_worker_id}"
+    board.placed.remote(placement)
+    show_progress = config.get("show_progress", False) and me == 0
+    tokens_per_step = run.global_batch * cfg.seq_len
+    fast_dir = tiers.fast_root(good.fast_dir) / config.get("run_name", "run")
+    phase = {"where": "start"}
+
+    def event(kind: str, step: int, host: str, action: str, detail: str = "") -> None:
+        board.event.remote(asdict(gp.GoodputEvent(kind, step, host, action, 0.0, detail)))
+
+    def on_hang(step: int, waited: float, limit: float) -> None:
+        path = gp.dump_stacks(Path("raytpu-stacks"), f"{host_name.replace('/', '-')}.txt")
+        board.stacks.remote(host_name, path.read_text(encoding="utf-8"))
+        culprit = phase["where"] != "collective"
+        detail = f"no step for {waited:.1f} s > {limit:.1f} s; this host was in {phase['where']}"
+        board.event.remote(
+            asdict(
+                gp.GoodputEvent("hang", step, host_name if culprit else "", "restart", 0, detail)
+            )
+        )
+        time.sleep(2.0)  # the board calls go out; the peers' watchdogs dump their stacks too
+        os._exit(HANG_EXIT_CODE)
+
+    stop = gp.GracefulStop(good.preempt_grace_s)
+    stop.install()
+    watchdog = gp.Watchdog(
+        k=good.hang_k, floor_s=good.hang_floor_s, startup_s=good.startup_timeout_s, on_hang=on_hang
+    ).start()
+    init = jax.jit(partial(m.init_state, cfg), out_shardings=replicated)
+    state = init(jax.random.PRNGKey(run.seed))
+    step_fn = jax.jit(
+        partial(m.train_step, cfg),
+        in_shardings=(replicated, data_sharding),
+        out_shardings=(replicated, replicated),
+    )
+    manager = open_checkpoints(run.checkpoint_dir)
+    meter = telemetry.TrainTelemetry.from_config(config.get("telemetry"), run, cfg, state.params)
+
+    def restore(at_most: int | None) -> tuple[Any, tiers.RestorePlan, list[float]]:
+        """The newest complete checkpoint (<= ``at_most``) of either tier, on every host."""
+        mine = [s for s in tiers.fast_steps(fast_dir) if at_most is None or s <= at_most]
+        padded = np.full(tiers.FAST_KEEP + 1, -1, np.int64)
+        padded[: len(mine[-tiers.FAST_KEEP :])] = mine[-tiers.FAST_KEEP :]
+        gathered = np.asarray(multihost_utils.process_allgather(padded)).reshape(hosts, -1)
+        fast = [[int(s) for s in row if s >= 0] for row in gathered]
+        durable = [s for s in manager.all_steps() if at_most is None or s <= at_most]
+        choice = tiers.choose_restore(fast, max(durable, default=None))
+        watchdog.expect(good.checkpoint_timeout_s)
+        phase["where"] = "restore"
+        with meter.checkpoint("restore"):
+            if choice.tier == "fast":
+                restored, meta = tiers.restore_fast(fast_dir, choice, state, me)
+                return restored, choice, list(meta.get("spike_window", ()))
+            if choice.tier == "durable":
+                return restore_state(manager, choice.step, state), choice, []
+        return state, choice, []
+
+    try:
+        phase["where"] = "restore"
+        state, choice, history = restore(None)
+        resumed_from = choice.step
+        board.restored.remote(me, choice.tier, choice.step, host_name)
+        spikes = gp.SpikeDetector(good.spike_k, good.spike_window, good.spike_min_history, history)
+        slow = gp.SlowHostDetector(good.slow_fraction, good.slow_steps)
+        losses: list[float] = []
+        step = resumed_from
+        save_s = 1.0
+        while step < run.steps:
+            step_began = time.monotonic()
+            phase["where"] = "host work"
+            local = m.sample_batch(
+                corpus, local_batch, cfg.seq_len, seed=(run.seed, data_index(step, skipped), me)
+            )
+            for fault in plan.at(step, me, hosts):
+                plan = plan.without([str(fault)])  # once: a rollback replays the step
+                local = plan.apply(
+                    fault,
+                    fast_dir=fast_dir,
+                    batch=local,
+                    announce=lambda f: _announce(board, f, host_name),
+                )
+            if plan.slow_from(step, me, hosts):
+                time.sleep(_slow_delay())
+            own_s = time.monotonic() - step_began
+            phase["where"] = "collective"
+            batch = jax.make_array_from_process_local_data(data_sharding, local)
+            new_state, loss = step_fn(state, batch)
+            loss_value = float(loss.addressable_data(0))
+            host_s = np.asarray(multihost_utils.process_allgather(np.asarray([own_s]))).ravel()
+            phase["where"] = "checks"
+            seconds = time.monotonic() - step_began
+            telemetry.check_loss(step + 1, loss_value)
+            if spikes.is_spike(loss_value):
+                limit = spikes.threshold() or 0.0
+                detail = f"loss {loss_value:.3f} > {limit:.3f} (median + {good.spike_k} x MAD)"
+                if good.spike_policy == "rollback":
+                    skipped.append(data_index(step, skipped))
+                    board.skip_data.remote(skipped)
+                    state, back, history = restore(step)
+                    spikes = gp.SpikeDetector(
+                        good.spike_k, good.spike_window, good.spike_min_history, history
+                    )
+                    if me == 0:
+                        event("loss_spike", step, "", f"rollback to step {back.step}", detail)
+                    step = back.step
+                    watchdog.beat(step)
+                    continue
+                if me == 0:
+                    event("loss_spike", step, "", good.spike_policy, detail)
+                if good.spike_policy == "skip":
+                    new_state = state  # the update of the corrupt batch is dropped
+            state = new_state
+            losses.append(loss_value)
+            done = step + 1
+            watchdog.beat(done, seconds)
+            flagged = slow.observe(seconds, [float(x) for x in host_s])
+            if flagged is not None and me == flagged:
+                baseline = slow.baseline or 0.0
+                event(
+                    "slow_host", done, host_name, "warned (no spare slice to move to)",
+                    f"step {seconds:.2f} s vs baseline {baseline:.2f} s; own time "
+                    f"{host_s[flagged]:.2f} s of {' '.join(f'{x:.2f}' for x in host_s)}",
+                )  # fmt: skip
+            if me == 0:
+                board.step.remote(done, seconds, time.time())
+            if show_progress:
+                board.post.remote(
+                    TrainProgress(done, run.steps, loss_value, tokens_per_step / seconds)
+                )
+            meter.step(seconds, loss_value)
+            if me == 0:
+                logger.info("[train] step %d/%d loss %.4f", done, run.steps, loss_value)
+            phase["where"] = "checkpoint"
+            watchdog.expect(good.checkpoint_timeout_s)
+            if good.fast_every and done % good.fast_every == 0:
+                saved = time.monotonic()
+                tiers.save_fast(fast_dir, done, state, {"spike_window": list(spikes.losses)})
+                save_s = time.monotonic() - saved
+            if done % run.checkpoint_every == 0 or done == run.steps:
+                with meter.checkpoint("save"):
+                    save_state(manager, done, state, cfg)
+            watchdog.beat(done)
+            if stop.requested:
+                # A preemption notice: the emergency save if it fits the grace period, then exit.
+                if stop.save_fits(save_s):
+                    tiers.save_fast(fast_dir, done, state, {"spike_window": list(spikes.losses)})
+                    action = f"emergency fast checkpoint at step {done} (~{save_s:.1f} s), exit"
+                else:
+                    action = f"no emergency checkpoint: ~{save_s:.1f} s > {stop.grace_s} s left"
+                event("preemption", done, host_name, action)
+                time.sleep(1.0)
+                os._exit(PREEMPTED_EXIT_CODE)
+            if done % run.log_every == 0 and done != run.steps:
+                window = losses[-run.log_every :]
+                _report({"step": done, "loss": loss_value, "window_losses": window}, final=False)
+            step = done
+        manager.wait_until_finished()
+        watchdog.stop()
+        _report(
+            {
+                "step": max(resumed_from, run.steps),
+                "loss": losses[-1] if losses else float("nan"),
+                "first_loss": losses[0] if losses else float("nan"),
+                "losses": losses,
+                "resumed_from": resumed_from,
+                "restored_tier": choice.tier,
+                "process_count": hosts,
+                "device_count": jax.device_count(),
+                "local_device_count": jax.local_device_count(),
+                "latest_checkpoint": int(manager.latest_step() or 0),
+                "params_digest": m.params_digest(state.params),
+                "seconds": time.monotonic() - began,
+                "fast_save_s": save_s,
+            },
+            final=True,
+        )
+    finally:
+        watchdog.stop()
+        stop.uninstall()
+        manager.close()
+
+
+def _slow_delay() -> float:
+    from workloads.faults import SLOW_HOST_DELAY_S
+
+    return SLOW_HOST_DELAY_S
+
+
+def _announce(board: Any, fault: Any, host: str) -> None:
+    """Tell the driver a fault fires (and wait for it: the process may die right after)."""
+    import ray
+
+    ray.get(board.fired.remote(str(fault), fault.kind, fault.step, host), timeout=10)
+
+
+def _my_placement() -> WorkerPlacement:
+    import jax
+    import ray
+    import ray.train
+
+    return WorkerPlacement(
+        rank=ray.train.get_context().get_world_rank(),
+        node_id=ray.get_runtime_context().get_node_id(),
+        slice_name=os.environ.get("TPU_NAME", ""),
+        tpu_worker_id=int(os.environ.get("TPU_WORKER_ID", "-1")),
+        process_index=jax.process_index(),
+    )
+
+
+def _report(metrics: dict[str, Any], *, final: bool) -> None:
+    """``ray.train.report`` every ``log_every`` steps; the final report carries a small Ray Train
+    checkpoint (rank 0 only) because Ray Train v2 returns to the driver only metrics attached to
+    one."""
+    import tempfile
+
+    import ray.train
+
+    if not final:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = None
+        if ray.train.get_context().get_world_rank() == 0:
+            Path(tmp, "summary.json").write_text(json.dumps(metrics), encoding="utf-8")
+            checkpoint = ray.train.Checkpoint.from_directory(tmp)
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+
+def _quiet_worker_logs() -> None:
+    """Orbax logs every array it writes at INFO through absl; keep warnings only."""
+    import absl.logging
+
+    absl.logging.set_verbosity(absl.logging.WARNING)
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    storage.quiet_clients()
