@@ -126,6 +126,12 @@ TRAINING = DashboardSpec(
             description="6 x parameters x tokens/s over chips x the catalog's peak bf16 FLOP/s",
         ),
         PanelSpec(
+            "Goodput of the last run",
+            (Query(_gauge(mn.TRAIN_GOODPUT), LEGEND),),
+            unit="percentunit",
+            description="Productive step time over wall time (restarts and lost steps excluded)",
+        ),
+        PanelSpec(
             "Checkpoint time p90",
             (
                 Query(
@@ -165,7 +171,28 @@ SERVING = DashboardSpec(
             unit="s",
         ),
         PanelSpec(
+            "Time to first token p50 / p99",
+            (
+                Query(_quantile(0.5, mn.SERVE_TTFT), LEGEND + " p50"),
+                Query(_quantile(0.99, mn.SERVE_TTFT), LEGEND + " p99"),
+            ),
+            unit="s",
+        ),
+        PanelSpec(
             "Time per output token p50", (Query(_quantile(0.5, mn.SERVE_TPOT), LEGEND),), unit="s"
+        ),
+        PanelSpec(
+            "Prefix cache hit ratio",
+            (
+                Query(
+                    f"sum by ({BY}) (rate({mn.SERVE_PREFIX_HITS.promql}_total{SEL}[{RATE}])) / "
+                    f"(sum by ({BY}) (rate({mn.SERVE_PREFIX_HITS.promql}_total{SEL}[{RATE}])) + "
+                    f"sum by ({BY}) (rate({mn.SERVE_PREFIX_MISSES.promql}_total{SEL}[{RATE}])))",
+                    LEGEND,
+                ),
+            ),
+            unit="percentunit",
+            description="Prompt KV blocks found in any tier over blocks looked up",
         ),
         PanelSpec("Queue depth", (Query(_gauge(mn.SERVE_QUEUE), LEGEND),)),
         PanelSpec(

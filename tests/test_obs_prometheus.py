@@ -202,7 +202,8 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                 timeout_s=180,
             )
             try:
-                prompts = [f"The TPU {i}" for i in range(8)]
+                # One shared 32-byte head (two prefix-cache blocks): misses, then hits.
+                prompts = [f"You are the ray-tpu docs helper. The TPU {i}" for i in range(8)]
                 with ThreadPoolExecutor(4) as pool:
                     produced["replies"] = list(
                         pool.map(
