@@ -8,13 +8,12 @@ restoring the first run's checkpoint onto the 2-slice mesh and continuing to ste
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 from gcs_fixture import gcs_or_skip
 
-from raytpu.catalog import SliceShape, shape
+from raytpu.catalog import shape
 from raytpu.presets import MeshConfig, ScaleConfig
+from raytpu_cli.common import SliceChoice
 from workloads.local_cluster import LocalSliceCluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -24,20 +23,13 @@ BUCKET = "raytpu-multislice"
 RUN = f"gs://{BUCKET}/tiny"
 
 
-@dataclass(frozen=True)
-class Slice:
-    name: str
-    shape: SliceShape
-    count: int
-
-
 @pytest.fixture(scope="module")
 def runs():
     from workloads.train import TrainConfig, run_training
 
     with (
         gcs_or_skip(BUCKET) as gcs,
-        LocalSliceCluster([Slice("ms", V4_2X2X2, 2)], env=gcs.env),
+        LocalSliceCluster([SliceChoice("ms", V4_2X2X2, 2)], env=gcs.env),
     ):
         config = TrainConfig(
             checkpoint_dir=RUN, steps=4, global_batch=16, checkpoint_every=4, log_every=4

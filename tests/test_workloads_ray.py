@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 from gcs_fixture import gcs_or_skip
 
-from raytpu.catalog import SliceShape, shape
+from raytpu.catalog import shape
 from raytpu.ray_names import LABEL_SLICE_NAME, LABEL_WORKER_ID
-from raytpu_cli.common import post_json
+from raytpu_cli.common import SliceChoice, post_json
 from workloads.local_cluster import LocalSliceCluster, free_port
 from workloads.reservation import SliceReservationError, reserve_slices
 
@@ -30,13 +30,6 @@ BUCKET = "raytpu-test-checkpoints"
 RUN = f"gs://{BUCKET}/run"
 
 
-@dataclass(frozen=True)
-class Slice:
-    name: str
-    shape: SliceShape
-    count: int
-
-
 @pytest.fixture(scope="module")
 def gcs():
     """The stack's checkpoint bucket, as a real GCS emulator (skips only if it cannot start)."""
@@ -47,9 +40,9 @@ def gcs():
 @pytest.fixture(scope="module")
 def cluster(gcs):
     slices = [
-        Slice("train", V6E_2X4_4T, 2),
-        Slice("serve", V6E_2X2, 1),
-        Slice("broken", V4_2X2X2, 1),
+        SliceChoice("train", V6E_2X4_4T, 2),
+        SliceChoice("serve", V6E_2X2, 1),
+        SliceChoice("broken", V4_2X2X2, 1),
     ]
     with LocalSliceCluster(slices, missing_hosts=[("broken-0", 1)], env=gcs.env) as running:
         yield running

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import pytest
 
-from raytpu.catalog import SliceShape, shape
-from raytpu_cli.common import post_json
+from raytpu.catalog import shape
+from raytpu_cli.common import SliceChoice, post_json
 from workloads.local_cluster import LocalSliceCluster, free_port
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
@@ -20,13 +19,6 @@ BATCH_WAIT_S = 8.0
 """Long enough that every good request sent at once joins the first batch (it fills no bucket
 of 8, and batching is not adaptive here, so the batch waits the whole time): the batch is
 deterministic, not a race."""
-
-
-@dataclass(frozen=True)
-class Slice:
-    name: str
-    shape: SliceShape
-    count: int
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +45,7 @@ def checkpoint(tmp_path_factory):
 def serving(checkpoint):
     from workloads import serve as serving_module
 
-    with LocalSliceCluster([Slice("serve", V6E_2X2, 1)]):
+    with LocalSliceCluster([SliceChoice("serve", V6E_2X2, 1)]):
         handle = serving_module.deploy(
             serving_module.build_app(
                 checkpoint,
