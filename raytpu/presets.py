@@ -200,9 +200,14 @@ class MeshConfig:
         return self
 
     @classmethod
-    def fsdp_over(cls, chips_per_slice: int, num_slices: int = 1) -> MeshConfig:
-        """Data parallel across slices, FSDP over every chip of a slice: MaxText's default."""
-        return cls(dcn_data=num_slices, ici_fsdp=chips_per_slice)
+    def fsdp_over(cls, chips_per_slice: int, num_slices: int = 1, tensor: int = 1) -> MeshConfig:
+        """Data parallel across slices, FSDP over every chip of a slice (MaxText's default), or
+        over what ``tensor`` parallelism leaves of it; ``tensor`` must divide the slice."""
+        if tensor < 1 or chips_per_slice % tensor:
+            raise PresetError(
+                "mesh.ici_tensor", tensor, f"a divisor of the slice's {chips_per_slice} chips"
+            )
+        return cls(dcn_data=num_slices, ici_fsdp=chips_per_slice // tensor, ici_tensor=tensor)
 
 
 @dataclass(frozen=True)

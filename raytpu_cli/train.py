@@ -4,6 +4,8 @@ Examples:
   raytpu train --stack dev --slice train --local --steps 60 --checkpoint-dir gs://raytpu-local/ck
   raytpu train --stack dev --slice train --address ray://ray-head:10001 --checkpoint-dir gs://b/ck
   python -m raytpu_cli train --generation v6e --topology 2x4 --machine-type ct6e-standard-4t
+  raytpu train --stack prod --slice train --num-slices 2 --preset 1b --tensor 1 \
+      --address ray://ray-head:10001 --checkpoint-dir gs://b/llama-1b
 
 Without --local or --address it joins the Ray cluster it runs in (inside a RayJob).
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from raytpu_cli import failure
 from raytpu_cli.common import (
@@ -70,6 +73,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="inject a fault (repeatable): kill-host, hang, spike, slow-host, preempt; "
         "e.g. --inject kill-host@40 --inject hang@70:1",
     )
+    parser.add_argument(
+        "--preset",
+        help="train a Llama-style preset (raytpu.presets: tiny, 1b, 8b) on a hybrid mesh "
+        "instead of the byte model: slices over DCN, FSDP (and --tensor) inside a slice",
+    )
+    parser.add_argument(
+        "--tensor",
+        type=int,
+        default=1,
+        help="with --preset: tensor-parallel chips inside a slice; FSDP takes the rest (default 1)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             ),
         )
         config.validate(chosen.shape, args.num_slices)
+        scale = _scale(args, chosen.shape, config)
         check_seconds("--reserve-timeout", args.reserve_timeout)
         check_seconds("--start-timeout", args.start_timeout)
         check_writable_dir("--checkpoint-dir", args.checkpoint_dir)
@@ -114,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
                 num_slices=args.num_slices,
                 reserve_timeout_s=args.reserve_timeout,
                 start_timeout_s=args.start_timeout,
+                scale=scale,
             )
     except TrainingError as error:
         return failure.report(error)
@@ -126,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
         f"{result.process_count} processes / {result.device_count} devices, "
         f"checkpoint {result.checkpoint_dir} @ {result.latest_checkpoint}"
     )
+    if scale is not None:
+        print(f"preset {scale.preset} on mesh {result.scale.get('mesh')}")
+        return 0
     print(
         f"goodput {result.goodput:.0%} over {result.wall_s:.0f} s, {result.attempts} attempt(s); "
         f"events in {result.log_dir}/events.jsonl"
@@ -133,3 +152,27 @@ def run(args: argparse.Namespace) -> int:
     for event in result.events:
         print(f"  - {event.line()}")
     return 0
+
+
+def _scale(args: argparse.Namespace, shape: Any, config: Any) -> Any:
+    """``--preset``/``--tensor`` as a checked :class:`raytpu.presets.ScaleConfig` (``None``
+    without ``--preset``); a preset that cannot fit or divide over the mesh is refused here,
+    before anything starts."""
+    from raytpu.presets import MeshConfig, ScaleConfig
+
+    if args.preset is None:
+        if args.tensor != 1:
+            raise UsageError(f"--tensor: {args.tensor} needs --preset; valid: 1 without it")
+        return None
+    if args.inject:
+        raise UsageError(
+            f"--inject: {args.inject[0]!r} is not valid with --preset (faults are injected into "
+            "the byte model's loop); valid: no --inject"
+        )
+    try:
+        mesh = MeshConfig.fsdp_over(shape.chips, args.num_slices, tensor=args.tensor)
+    except ValueError as error:
+        raise UsageError(f"--tensor: {args.tensor} is not valid ({error})") from None
+    scale = ScaleConfig(preset=args.preset, mesh=mesh)
+    scale.check(shape, args.num_slices, config.global_batch)
+    return scale

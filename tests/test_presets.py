@@ -163,3 +163,28 @@ def test_run_training_refuses_before_reserving(nothing_reserved, scale, slices, 
             scale=ScaleConfig(*scale),
         )
     assert fragment in str(caught.value)
+
+
+V5E_2X4 = ["--generation", "v5e", "--topology", "2x4", "--machine-type", "ct5lp-hightpu-8t"]
+CLI_REFUSALS = {
+    "unknown-preset": (["--preset", "70b"], "preset: '70b' is not valid; valid: tiny, 1b, 8b"),
+    "over-hbm": (["--preset", "8b"], "a v5e chip has 16 GiB HBM"),
+    "tensor-not-a-divisor": (
+        ["--preset", "tiny", "--tensor", "3"],
+        "--tensor: 3 is not valid (mesh.ici_tensor: 3 is not valid; valid: a divisor of the slice's 8 chips)",
+    ),
+    "tensor-without-preset": (["--tensor", "2"], "--tensor: 2 needs --preset"),
+    "inject-with-preset": (
+        ["--preset", "tiny", "--inject", "hang@3"],
+        "--inject: 'hang@3' is not valid with --preset",
+    ),
+}
+
+
+@pytest.mark.parametrize(("extra", "fragment"), CLI_REFUSALS.values(), ids=CLI_REFUSALS)
+def test_raytpu_train_preset_refused_before_starting_anything(extra, fragment, capsys):
+    from raytpu_cli.main import main
+
+    argv = ["train", *V5E_2X4, "--steps", "10", "--checkpoint-dir", "gs://b/run", *extra]
+    assert main(argv) == 2
+    assert fragment in capsys.readouterr().err
