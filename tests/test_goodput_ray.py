@@ -39,7 +39,7 @@ MODEL |= {"learning_rate": 1e-2, "warmup_steps": 2}
 HANG_FLOOR_S = 6.0
 GOODPUT = dict(
     fast_every=5, hang_floor_s=HANG_FLOOR_S, startup_timeout_s=120.0, slow_fraction=0.6,
-    slow_steps=3, spike_k=8.0, spike_window=6, spike_min_history=6,
+    slow_steps=3, slow_min_excess_s=0.3, spike_k=8.0, spike_window=6, spike_min_history=6,
 )  # fmt: skip
 
 

@@ -186,6 +186,36 @@ def test_slow_host_is_flagged_after_n_slow_steps_naming_the_slowest_host() -> No
     assert [detector.observe(0.7, [0.01, 0.6]) for _ in range(3)] == [None] * 3  # once per host
 
 
+BASELINE = [0.1, 0.1, 0.1, 0.1]  # steps 1..3 after one compile step: baseline 0.1 s
+
+
+@pytest.mark.parametrize(
+    ("steps", "min_excess_s", "expected"),
+    [
+        ([(0.7, [0.01, 0.6])] * 3, 0.0, 1),
+        ([(0.7, [0.05, 0.06])] * 5, 0.0, None),
+        ([(0.7, [0.3, 0.32])] * 5, 0.0, None),
+        ([(0.7, [0.6, 0.01]), (0.7, [0.01, 0.6]), (0.7, [0.01, 0.6])], 0.0, None),
+        ([(0.25, [0.01, 0.16])] * 3, 0.2, None),
+        ([(0.25, [0.01, 0.16])] * 3, 0.1, 1),
+        ([(0.7, [0.01, 0.6, 0.02, 0.01])] * 3, 0.0, 1),
+        ([(0.7, [0.6])] * 3, 0.0, 0),
+    ],
+    ids=[
+        "own-time-explains", "slow-everywhere", "alike-own-times", "culprit-changes",
+        "under-min-excess", "over-min-excess", "four-hosts", "one-host",
+    ],
+)  # fmt: skip
+def test_a_slow_step_names_a_host_only_when_its_own_time_explains_it(
+    steps, min_excess_s, expected
+) -> None:
+    detector = SlowHostDetector(fraction=0.5, steps=3, min_excess_s=min_excess_s)
+    hosts = len(steps[0][1])
+    assert [detector.observe(s, [0.01] * hosts) for s in BASELINE] == [None] * 4
+    flagged = [detector.observe(step_s, host_s) for step_s, host_s in steps]
+    assert flagged[-1] == expected and flagged[:-1] == [None] * (len(steps) - 1)
+
+
 @pytest.mark.parametrize(
     ("fast", "durable", "expected"),
     [

@@ -10,8 +10,8 @@ Stdlib only (the driver imports it); the workers run the detectors every step.
   ``max(k x median step time, floor)`` seconds (``startup_timeout_s`` before the first step, which
   bounds the first collective of a partial slice); the watchdog dumps every thread's stack
   (faulthandler) to the run's log dir and ends the worker, so the attempt restarts.
-- :class:`SlowHostDetector`: step time over ``baseline / fraction`` for ``steps`` steps in a row
-  flags the host whose own (pre-collective) time is the largest.
+- :class:`SlowHostDetector`: step time over ``baseline / fraction`` for ``steps`` steps in a row,
+  each explained by the same host's own (pre-collective) time, flags that host.
 - :class:`GoodputEvent`: one fault and what was done about it; :func:`goodput`.
 """
 
@@ -53,6 +53,8 @@ class GoodputConfig:
     """Bound on one checkpoint save or restore (the hang bound while one runs)."""
     slow_fraction: float = 0.5
     slow_steps: int = 3
+    slow_min_excess_s: float = 0.1
+    """A step only counts as slow when it takes at least this much longer than the baseline."""
     slow_policy: str = "warn"
     preempt_grace_s: float = 25.0
     """Seconds a preemption notice (SIGTERM) leaves: an emergency save only if it fits."""
@@ -84,6 +86,8 @@ class GoodputConfig:
              "> 0"),
             ("slow_fraction", self.slow_fraction, 0 < self.slow_fraction < 1, "0 < x < 1"),
             ("slow_steps", self.slow_steps, self.slow_steps >= 1, "an integer >= 1"),
+            ("slow_min_excess_s", self.slow_min_excess_s, self.slow_min_excess_s >= 0,
+             ">= 0 seconds"),
             ("slow_policy", self.slow_policy, self.slow_policy in SLOW_POLICIES,
              ", ".join(SLOW_POLICIES)),
             ("preempt_grace_s", self.preempt_grace_s, self.preempt_grace_s >= 0, ">= 0"),
@@ -230,15 +234,24 @@ class Watchdog:
 @dataclass
 class SlowHostDetector:
     """The run's baseline is the median step time of steps ``skip`` .. ``skip + baseline_steps``
-    (after compilation); then ``steps`` steps in a row slower than ``baseline / fraction`` flag
-    the host with the largest own time over those steps, once per host."""
+    (after compilation). A step is **slow because of host h** when it takes longer than
+    ``baseline / fraction`` and at least ``min_excess_s`` more than the baseline, and h's own
+    (pre-collective) time exceeds the median of the other hosts' own times by at least half of
+    that excess: h's own work explains the slowdown. ``steps`` such steps in a row, all naming
+    the same host, flag it, once per host.
+
+    A step that is slow everywhere (a loaded machine, a slow collective) names no host: the
+    hosts' own times stay alike. A chip that is slow in its compute does not show in its
+    host's own time either (the step's collectives make every host wait alike), so this
+    detector names hosts slowed in their own work: input pipeline, CPU, throttling."""
 
     fraction: float
     steps: int
     baseline_steps: int = 3
     skip: int = 1
+    min_excess_s: float = 0.0
     _seen: list[float] = field(default_factory=list)
-    _run: list[Sequence[float]] = field(default_factory=list)
+    _run: list[int] = field(default_factory=list)
     flagged: set[int] = field(default_factory=set)
 
     @property
@@ -246,25 +259,35 @@ class SlowHostDetector:
         window = self._seen[self.skip : self.skip + self.baseline_steps]
         return statistics.median(window) if len(window) == self.baseline_steps else None
 
+    def culprit(self, step_s: float, host_s: Sequence[float]) -> int | None:
+        """The host whose own time explains this step's slowness, if the step is slow."""
+        baseline = self.baseline
+        if baseline is None or not host_s:
+            return None
+        excess = step_s - baseline
+        if step_s <= baseline / self.fraction or excess < self.min_excess_s:
+            return None
+        slowest = max(range(len(host_s)), key=host_s.__getitem__)
+        others = [t for i, t in enumerate(host_s) if i != slowest]
+        own_excess = host_s[slowest] - (statistics.median(others) if others else 0.0)
+        return slowest if own_excess >= excess / 2 else None
+
     def observe(self, step_s: float, host_s: Sequence[float]) -> int | None:
         """One step's time and each host's own time; the slow host's index when flagged."""
-        baseline = self.baseline
+        culprit = self.culprit(step_s, host_s)
         self._seen.append(step_s)
-        if baseline is None:
-            return None
-        if step_s <= baseline / self.fraction:
+        if culprit is None or (self._run and self._run[-1] != culprit):
             self._run.clear()
+        if culprit is None:
             return None
-        self._run.append(host_s)
+        self._run.append(culprit)
         if len(self._run) < self.steps:
             return None
-        totals = [sum(per_step[i] for per_step in self._run) for i in range(len(host_s))]
         self._run.clear()
-        slowest = max(range(len(totals)), key=totals.__getitem__)
-        if slowest in self.flagged:
+        if culprit in self.flagged:
             return None
-        self.flagged.add(slowest)
-        return slowest
+        self.flagged.add(culprit)
+        return culprit
 
 
 # ------------------------------------------------------------------------------ preemption

@@ -140,7 +140,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         resumed_from = choice.step
         board.restored.remote(me, choice.tier, choice.step, host_name)
         spikes = gp.SpikeDetector(good.spike_k, good.spike_window, good.spike_min_history, history)
-        slow = gp.SlowHostDetector(good.slow_fraction, good.slow_steps)
+        slow = gp.SlowHostDetector(
+            good.slow_fraction, good.slow_steps, min_excess_s=good.slow_min_excess_s
+        )
         losses: list[float] = []
         step = resumed_from
         save_s = 1.0
