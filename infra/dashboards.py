@@ -49,9 +49,13 @@ class DashboardSpec:
     panels: tuple[PanelSpec, ...]
 
 
-def _quantile(q: float, metric: mn.Metric, *extra: str) -> str:
+def _quantile(q: float, metric: mn.Metric, *extra: str, window: str = "") -> str:
+    """The ``q`` quantile over ``$__rate_interval``; with ``window`` (``1h``), over that window's
+    increase instead (for events too rare to show in a rate)."""
     by = ", ".join(("le", *mn.BASE_LABELS, *extra))
-    return f"histogram_quantile({q}, sum by ({by}) (rate({metric.promql}_bucket{SEL}[{RATE}])))"
+    series = f"{metric.promql}_bucket{SEL}"
+    over = f"increase({series}[{window}])" if window else f"rate({series}[{RATE}])"
+    return f"histogram_quantile({q}, sum by ({by}) ({over}))"
 
 
 def _gauge(metric: mn.Metric) -> str:
@@ -130,6 +134,31 @@ TRAINING = DashboardSpec(
             (Query(_gauge(mn.TRAIN_GOODPUT), LEGEND),),
             unit="percentunit",
             description="Productive step time over wall time (restarts and lost steps excluded)",
+        ),
+        PanelSpec(
+            "Fault events (last hour)",
+            (
+                Query(
+                    f"sum by ({BY}, event_class) "
+                    f"(increase({mn.TRAIN_FAULT_EVENTS.promql}_total{SEL}[1h]))",
+                    LEGEND + " {{event_class}}",
+                    (*mn.BASE_LABELS, "event_class"),
+                ),
+            ),
+            description="Hangs, lost hosts, preemptions, loss spikes and slow hosts the "
+            "goodput layer handled; each restart is one hang, host_loss or preemption",
+        ),
+        PanelSpec(
+            "Recovery time p90 (last hour)",
+            (
+                Query(
+                    _quantile(0.9, mn.TRAIN_RECOVERY_SECONDS, "event_class", window="1h"),
+                    LEGEND + " {{event_class}}",
+                    (*mn.BASE_LABELS, "event_class"),
+                ),
+            ),
+            unit="s",
+            description="From a failed attempt until the next one finished a step",
         ),
         PanelSpec(
             "Checkpoint time p90",

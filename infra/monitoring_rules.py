@@ -1,5 +1,5 @@
-"""Prometheus alert rules as code: a training hang, a loss spike, degraded throughput, the serving
-error rate and a p99 latency bound.
+"""Prometheus alert rules as code: a training hang, a loss spike, degraded throughput, a run that
+keeps restarting, the serving error rate and a p99 latency bound.
 
 Pure (no Pulumi): :func:`rule_groups` is the ``groups:`` document that ``promtool check rules``
 reads, :mod:`infra.monitoring` declares the same groups as a Managed Service for Prometheus
@@ -56,6 +56,14 @@ def _serve_rate(selector: str = "") -> str:
     return f"sum by ({BY}) (rate({mn.SERVE_REQUESTS.promql}_total{selector}[5m]))"
 
 
+RESTART_CLASSES = ("hang", "host_loss", "preemption")
+"""Fault events (:data:`workloads.goodput.EVENT_KINDS`) that restart a training attempt."""
+TRAINING_RESTARTS = (
+    f"sum by ({BY}) (increase({mn.TRAIN_FAULT_EVENTS.promql}_total"
+    f'{{event_class=~"{"|".join(RESTART_CLASSES)}"}}[1h]))'
+)
+"""Restarts of the workload's training attempts in the last hour."""
+
 SERVE_ERROR_RATIO = (
     "(" + _serve_rate('{status_class="5xx"}') + f" or {_serve_rate()} * 0) / {_serve_rate()}"
 )
@@ -98,6 +106,17 @@ ALERTS: tuple[Alert, ...] = (
         summary="Training throughput on {{ $labels.slice }} is below half its 1-hour best",
         description="Tokens per second fell: look for checkpoint stalls, input pipeline "
         "stalls or a slow host.",
+    ),
+    Alert(
+        name="RayTpuTrainingRestarts",
+        signal=TRAINING_RESTARTS,
+        condition="> 3",
+        for_="1m",
+        severity="warning",
+        summary="Training on {{ $labels.slice }} restarted more than 3 times in an hour",
+        description="Hangs, lost hosts or preemptions keep restarting the run; each restart "
+        "loses the steps since the newest checkpoint. The run's events.jsonl names each fault "
+        "and host; check the slice's hosts (raytpu status) and the recovery time panel.",
     ),
     Alert(
         name="RayTpuServeErrorRate",

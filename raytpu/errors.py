@@ -9,13 +9,13 @@ error as text: the ``[RTPU-..]`` tag in the message survives).
 
 | class | code | exit | HTTP | what |
 |---|---|---|---|---|
-| scheduling_no_capacity | RTPU-S01 | 3 | 503 | no free slice of the shape in time |
-| scheduling_partial_slice | RTPU-S02 | 3 | 503 | a slice lacks hosts: it would hang |
-| scheduling_missized_request | RTPU-S03 | 3 | 422 | bundles larger than any host |
-| runtime_model_error | RTPU-R01 | 4 | 500 | the model / XLA failed |
-| runtime_nan | RTPU-R02 | 4 | 500 | the loss became NaN or infinite |
-| network_timeout | RTPU-N01 | 5 | 504 | a peer did not answer in time |
-| upstream_rate_limited | RTPU-U01 | 6 | 429 | an upstream answered 429 |
+| scheduling_no_capacity | RTPU-S01 | 4 | 503 | no free slice of the shape in time |
+| scheduling_partial_slice | RTPU-S02 | 4 | 503 | a slice lacks hosts: it would hang |
+| scheduling_missized_request | RTPU-S03 | 4 | 422 | bundles larger than any host |
+| runtime_model_error | RTPU-R01 | 5 | 500 | the model / XLA failed |
+| runtime_nan | RTPU-R02 | 5 | 500 | the loss became NaN or infinite |
+| network_timeout | RTPU-N01 | 6 | 504 | a peer did not answer in time |
+| upstream_rate_limited | RTPU-U01 | 7 | 429 | an upstream answered 429 |
 | bad_input | RTPU-I01 | 2 | 400 | input refused before anything ran |
 | unclassified | RTPU-X00 | 1 | 500 | none of the above |
 """
@@ -171,6 +171,17 @@ def classify(error: BaseException) -> ErrorClass:
     if isinstance(error, ValueError | KeyError | TypeError):
         return BAD_INPUT
     return UNCLASSIFIED
+
+
+def of_status(http_status: int) -> ErrorClass | None:
+    """The class a handler's own error answer is counted under (it raised nothing to classify):
+    429 an upstream's rate limit, 503 no capacity, 504 a network timeout, any other 4xx bad
+    input, any other 5xx unclassified; ``None`` below 400."""
+    status = int(http_status)
+    if status < 400:
+        return None
+    by_status = {429: UPSTREAM_RATE_LIMITED, 503: NO_CAPACITY, 504: NETWORK_TIMEOUT}
+    return by_status.get(status, BAD_INPUT if status < 500 else UNCLASSIFIED)
 
 
 def status_class(http_status: int) -> str:

@@ -123,3 +123,40 @@ def test_connection_refused_is_not_a_timeout() -> None:
     with pytest.raises(requests.exceptions.ConnectionError) as caught:
         requests.get("http://127.0.0.1:9/", timeout=5)
     assert errors.classify(caught.value) == errors.UNCLASSIFIED
+
+
+def test_the_module_table_matches_the_classes() -> None:
+    """The table in :mod:`raytpu.errors`' docstring is what people read: it must not drift."""
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in (errors.__doc__ or "").splitlines()
+        if line.startswith("| ") and not line.startswith("| class")
+    ]
+    expected = [
+        [c.label, c.code, str(c.exit_code), str(c.http_status), rows[i][4] if i < len(rows) else ""]
+        for i, c in enumerate(errors.ERROR_CLASSES)
+    ]
+    assert rows == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (200, None),
+        (302, None),
+        (400, errors.BAD_INPUT),
+        (404, errors.BAD_INPUT),
+        (429, errors.UPSTREAM_RATE_LIMITED),
+        (500, errors.UNCLASSIFIED),
+        (502, errors.UNCLASSIFIED),
+        (503, errors.NO_CAPACITY),
+        (504, errors.NETWORK_TIMEOUT),
+    ],
+    ids=["ok", "redirect", "bad-request", "not-found", "429", "500", "502", "503", "504"],
+)
+def test_a_handlers_own_answer_is_counted_under_its_status_class(
+    status: int, expected: errors.ErrorClass | None
+) -> None:
+    assert errors.of_status(status) == expected
+    if expected is not None and status in (429, 503, 504):
+        assert expected.http_status == status  # the class answers with that status itself

@@ -5,16 +5,13 @@ and the metric label a Serve replica's request wrapper gives it."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import http.server
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_delivery_submit import outputs_file  # noqa: F401  (the saved dev-stack outputs)
+from upstream_stub import upstream_stub
 
 from raytpu import errors
 from raytpu import metric_names as mn
@@ -22,34 +19,6 @@ from raytpu.catalog import shape
 from raytpu_cli import main as cli
 from workloads import telemetry
 from workloads.reservation import SliceReservationError
-
-
-class _Stub(http.server.BaseHTTPRequestHandler):
-    mode = "429"
-
-    def do_GET(self) -> None:
-        if self.mode == "hang":
-            time.sleep(15)  # longer than the CLI's 10 s head-check bound
-        self.send_response(429)
-        self.send_header("Retry-After", "30")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def stub_server(mode: str) -> Iterator[str]:
-    handler = type("Stub", (_Stub,), {"mode": mode})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.timeout(60)
@@ -65,7 +34,7 @@ def test_submit_exit_code_names_the_upstream_failure(
     exit_code: int,
     tag: str,
 ) -> None:
-    with stub_server(mode) as address:
+    with upstream_stub(mode, retry_after=30) as upstream:
         began = time.monotonic()
         code = cli.main(
             [
@@ -75,7 +44,7 @@ def test_submit_exit_code_names_the_upstream_failure(
                 "--outputs",
                 str(outputs_file),
                 "--address",
-                address,
+                upstream.address,
                 "train",
             ]
         )

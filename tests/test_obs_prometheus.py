@@ -1,5 +1,6 @@
 """A real Prometheus (Debian's ``prometheus``) scrapes the simulated slice cluster while a short
-training run, a forced NaN run, a mis-sized reservation and a burst of serving requests happen;
+training run that loses a host, a forced NaN run, a mis-sized reservation, a burst of serving
+requests and two requests whose fallback upstream fails (429, no answer) happen;
 then every PromQL expression of the dashboards and of the alert rules' signals must return data
 with the expected labels, through Prometheus' HTTP API.
 
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from obs_tools import binary
+from upstream_stub import upstream_stub
 
 from infra import dashboards, monitoring_rules
 from infra.config import load_stack
@@ -145,8 +147,11 @@ class Poller:
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The cluster up, Prometheus scraping it, the workloads run; yields what they produced."""
     import ray
+    from ray import serve
 
     from workloads import serve as serving
+    from workloads.fallback import FallbackConfig
+    from workloads.goodput import GoodputConfig
     from workloads.reservation import SliceReservationError, reserve_slices
     from workloads.train import TrainConfig, TrainingError, run_training
 
@@ -154,7 +159,11 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     stack = load_stack("dev")
     train, serve_slice = stack.slice("train"), stack.slice("serve")
     produced: dict[str, Any] = {}
-    with GcsEmulator(("obs",)) as gcs, LocalSliceCluster(stack.slices, env=gcs.env) as cluster:
+    with (
+        upstream_stub(hang_s=5.0) as upstream,
+        GcsEmulator(("obs",)) as gcs,
+        LocalSliceCluster(stack.slices, env=gcs.env) as cluster,
+    ):
         assert cluster.address
         targets = [f"127.0.0.1:{n['MetricsExportPort']}" for n in ray.nodes() if n["Alive"]]
         prometheus = Prometheus(targets, workdir)
@@ -172,12 +181,20 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                     pytest.fail("a bundle of TPU 8 fits no 4-chip host")
             except SliceReservationError as error:
                 produced["missized"] = error
+            # Host 1 of the slice dies at step 3: one host_loss fault event and its recovery.
+            goodput = GoodputConfig(
+                fast_every=2,
+                startup_timeout_s=120.0,
+                faults=("kill-host@3:1",),
+                log_dir=str(workdir / "runs"),
+            )
             config = TrainConfig(
                 checkpoint_dir="gs://obs/ck",
                 steps=6,
                 global_batch=8,
                 checkpoint_every=3,
                 log_every=3,
+                goodput=goodput,
             )
             produced["trained"] = run_training(train.shape, config)
             nan_config = TrainConfig(
@@ -192,11 +209,17 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                 run_training(train.shape, nan_config, name="raytpu-nan")
             except TrainingError as error:
                 produced["nan"] = error
+            # The router in front of the replica: the upstream fallback fails (429, then no
+            # answer) once the replica drains, so both classes reach the metrics for real.
+            fallback = FallbackConfig("openai", upstream.url, "stub", timeout_s=1.0, max_attempts=1)
             handle = serving.deploy(
                 serving.build_app(
                     config.checkpoint_dir,
                     serve_slice.shape,
                     options=serving.ServeOptions(precompile=False),  # short prompts only here
+                    fallback=fallback,
+                    slice_name=serve_slice.name,
+                    tpu_timeout_s=120.0,  # the first requests compile
                 ),
                 port=free_port(),
                 timeout_s=180,
@@ -212,6 +235,12 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                         )
                     )
                 produced["bad"] = post_json(handle.url, None, raw=b"{nope")
+                replica = serve.get_deployment_handle("TextGenerator", handle.name)
+                assert replica.drain.remote(True).result(timeout_s=30)
+                upstream.mode = "429"
+                produced["limited"] = post_json(handle.url, {"prompt": "busy?"})
+                upstream.mode = "hang"
+                produced["unanswered"] = post_json(handle.url, {"prompt": "anyone?"})
                 poller.finish(DATA_TIMEOUT_S)
                 yield produced
             finally:
@@ -233,10 +262,16 @@ def _signals() -> list[tuple[str, str, tuple[str, ...]]]:
 
 def test_the_workloads_ran(scraped: dict[str, Any]) -> None:
     assert errors.classify(scraped["missized"]) == errors.MISSIZED_REQUEST
-    assert scraped["trained"].final_step == 6
+    trained = scraped["trained"]
+    assert trained.final_step == 6
+    assert [(e.kind, e.step) for e in trained.events] == [("host_loss", 3)], trained.events
+    assert trained.restores == (("none", 0), ("fast", 2))
     assert errors.classify(scraped["nan"]) == errors.RUNTIME_NAN, str(scraped["nan"])
     assert [r.status for r in scraped["replies"]] == [200] * 8
     assert scraped["bad"].status == 400
+    limited, unanswered = scraped["limited"], scraped["unanswered"]
+    assert limited.status == 429 and "RTPU-U01" in str(limited.body), limited
+    assert unanswered.status == 504 and "RTPU-N01" in str(unanswered.body), unanswered
 
 
 def test_every_dashboard_and_alert_expression_returns_labelled_data(
@@ -277,6 +312,28 @@ ERROR_SERIES = {
         None,
         None,
     ),
+    # The router's answers when the fallback upstream fails (exit codes: test_obs_errors_live).
+    "upstream-429": (
+        f'{mn.SERVE_REQUESTS.promql}_total{{status_class="4xx",'
+        'error_class="upstream_rate_limited"}',
+        None,
+        None,
+    ),
+    "upstream-429-errors": (
+        f'{mn.ERRORS.promql}_total{{workload="serve",error_class="upstream_rate_limited"}}',
+        None,
+        None,
+    ),
+    "timeout": (
+        f'{mn.SERVE_REQUESTS.promql}_total{{status_class="5xx",error_class="network_timeout"}}',
+        None,
+        None,
+    ),
+    "timeout-errors": (
+        f'{mn.ERRORS.promql}_total{{workload="serve",error_class="network_timeout"}}',
+        None,
+        None,
+    ),
 }
 
 
@@ -292,5 +349,8 @@ def test_error_class_reaches_the_metric_label_and_the_exit_code(
     result = poller.results.get(f"errors/{key}")
     assert result, f"no series {ERROR_SERIES[key][0]}"
     assert float(result[0]["value"][1]) >= 1
+    labels = result[0]["metric"]
+    assert (labels["stack"], labels["generation"]) == ("local", "v6e"), labels
+    assert labels["slice"] in ("train", "serve"), labels  # the router's too, wherever it ran
     if produced_by is not None:
         assert failure.report(scraped[produced_by]) == exit_code

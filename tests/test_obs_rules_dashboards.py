@@ -1,6 +1,6 @@
 """Alert rules and dashboards as code, checked by the tools that consume them: ``promtool check
-rules`` and ``promtool test rules`` (the hang and loss-spike alerts fire on synthetic series and
-stay silent on healthy ones), and the Grafana Foundation SDK's own dashboard model."""
+rules`` and ``promtool test rules`` (the hang, loss-spike and restart alerts fire on synthetic
+series and stay silent on healthy ones), and the Grafana Foundation SDK's own dashboard model."""
 
 from __future__ import annotations
 
@@ -52,7 +52,13 @@ def test_every_dashboard_query_parses(tmp_path: Path) -> None:
 
 
 def _alert_case(
-    alert: str, metric: str, values: str, eval_time: str, fires: bool, severity: str
+    alert: str,
+    metric: str,
+    values: str,
+    eval_time: str,
+    fires: bool,
+    severity: str,
+    extra_labels: str = "",
 ) -> dict[str, Any]:
     rule = monitoring_rules.alert(alert).rule()
     summary = rule["annotations"]["summary"].replace("{{ $labels.slice }}", LABELS["slice"])
@@ -69,7 +75,9 @@ def _alert_case(
     ]
     return {
         "interval": "1m",
-        "input_series": [{"series": f"{metric}{{{SERIES_LABELS}}}", "values": values}],
+        "input_series": [
+            {"series": f"{metric}{{{SERIES_LABELS}{extra_labels}}}", "values": values}
+        ],
         "alert_rule_test": [
             {"eval_time": eval_time, "alertname": alert, "exp_alerts": expected if fires else []}
         ],
@@ -78,6 +86,7 @@ def _alert_case(
 
 STEPS = f"{mn.TRAIN_STEPS.promql}_total"
 LOSS = mn.TRAIN_LOSS.promql
+FAULTS = f"{mn.TRAIN_FAULT_EVENTS.promql}_total"
 ALERT_CASES = {
     # 5 minutes of steps, then the counter stands still: fires once 10 min flat + 5 min "for".
     "hang-fires": ("RayTpuTrainingHang", STEPS, "0+10x5 50x30", "25m", True, "critical"),
@@ -102,7 +111,20 @@ ALERT_CASES = {
         False,
         "warning",
     ),
-}
+    # One more lost host a minute for 5 minutes: 5 restarts in the hour.
+    "restarts-fire": (
+        "RayTpuTrainingRestarts", FAULTS, "0+1x5 5x20", "10m", True, "warning",
+        ',event_class="host_loss"',
+    ),
+    "one-restart-silent": (
+        "RayTpuTrainingRestarts", FAULTS, "0 1x30", "10m", False, "warning",
+        ',event_class="hang"',
+    ),
+    "skipped-spikes-are-no-restarts": (
+        "RayTpuTrainingRestarts", FAULTS, "0+1x10", "10m", False, "warning",
+        ',event_class="loss_spike"',
+    ),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", ALERT_CASES.values(), ids=ALERT_CASES.keys())

@@ -11,15 +11,13 @@ stub as the fallback.
 
 from __future__ import annotations
 
-import json
-import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from upstream_stub import COMPLETION, upstream_stub
 
-from raytpu.catalog import SliceShape, shape
+from raytpu.catalog import shape
+from raytpu_cli.common import SliceChoice
 from workloads.local_cluster import LocalSliceCluster, free_port
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -32,70 +30,10 @@ SYSTEM = (
 ) * 6  # 702 bytes: 43 full blocks of 16
 
 
-@dataclass(frozen=True)
-class Slice:
-    name: str
-    shape: SliceShape
-    count: int
-
-
-class Stub:
-    """An OpenAI-compatible upstream: 200 with a fixed completion, or 429 while ``limited``."""
-
-    def __init__(self) -> None:
-        self.limited = False
-        self.calls = 0
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                self.rfile.read(int(self.headers["Content-Length"]))
-                stub.calls += 1
-                status = 429 if stub.limited else 200
-                payload = {"choices": [{"index": 0, "text": "from the fallback"}]}
-                body = json.dumps(payload if status == 200 else {"error": "busy"}).encode()
-                self.send_response(status)
-                if status == 429:
-                    self.send_header("Retry-After", "3")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-
 @pytest.fixture(scope="module")
 def stub():
-    upstream = Stub()
-    upstream.thread.start()
-    try:
+    with upstream_stub() as upstream:
         yield upstream
-    finally:
-        upstream.server.shutdown()
-        upstream.thread.join(timeout=5)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    import jax
-
-    from workloads import model as m
-    from workloads.checkpoint import open_checkpoints, save_state
-
-    directory = str(tmp_path_factory.mktemp("llm") / "ck")
-    cfg = m.ModelConfig()
-    manager = open_checkpoints(directory)
-    try:
-        save_state(manager, 1, m.init_state(cfg, jax.random.PRNGKey(0)), cfg)
-        manager.wait_until_finished()
-    finally:
-        manager.close()
-    return directory
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +42,7 @@ def served(checkpoint, stub):
     from workloads.fallback import FallbackConfig
 
     fallback = FallbackConfig("openai", stub.url, "stub", timeout_s=5, backoff_s=0.05)
-    with LocalSliceCluster([Slice("serve", V6E_2X2, 1)]):
+    with LocalSliceCluster([SliceChoice("serve", V6E_2X2, 1)]):
         app = serving.build_app(
             checkpoint,
             V6E_2X2,
@@ -184,7 +122,7 @@ def test_a_second_replica_hits_the_prefix_the_first_cached_and_skips_its_prefill
 
 
 def test_fallback_engages_past_the_queue_bound_and_disengages_after(served, stub):
-    stub.limited = False
+    stub.mode = "ok"
     body = {"model": MODEL, "prompt": "Where did the train go", "max_tokens": 48}
 
     def ask(_):
@@ -196,16 +134,16 @@ def test_fallback_engages_past_the_queue_bound_and_disengages_after(served, stub
     assert all(status == 200 for status, _, _ in burst), burst
     assert "fallback-openai" in served_by and "tpu" in served_by, served_by
     texts = [b["choices"][0]["text"] for _, b, h in burst if h["x-raytpu-served-by"] != "tpu"]
-    assert set(texts) == {"from the fallback"}
+    assert set(texts) == {COMPLETION}
     status, _, headers = ask(0)  # alone again: back on the TPU replicas
     assert status == 200 and headers["x-raytpu-served-by"] == "tpu"
 
-    stub.limited, stub.calls = True, 0
+    stub.mode, stub.calls = "429", 0
     try:
         with ThreadPoolExecutor(8) as pool:
             limited = list(pool.map(ask, range(8)))
     finally:
-        stub.limited = False
+        stub.mode = "ok"
     refused = [(s, b, h) for s, b, h in limited if s != 200]
     assert refused and all(s == 429 for s, _, _ in refused), limited
     assert all(h["retry-after"] == "3" for _, _, h in refused)

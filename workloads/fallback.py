@@ -12,8 +12,10 @@ Glossary:
   ``deployment``, a Serve deployment of the same model on CPU (:func:`workloads.serve.build_app`).
 - **bounded retries**: an upstream 429, 5xx or timeout is retried at most ``max_attempts`` times
   with exponential backoff (``backoff_s`` doubling, at most ``max_backoff_s``, and never longer than
-  the upstream's ``Retry-After`` allows); then the client gets 429 (rate limited upstream) or 503
-  with ``Retry-After``, and the error is counted in the taxonomy (:mod:`raytpu.errors`).
+  the upstream's ``Retry-After`` allows); then the client gets the status of the failure's class
+  in the taxonomy (:mod:`raytpu.errors`), with ``Retry-After``: 429 ``upstream_rate_limited``
+  when the upstream kept answering 429, 504 ``network_timeout`` when it kept failing or never
+  answered; the error is counted under that class.
 """
 
 from __future__ import annotations

@@ -336,6 +336,7 @@ def build_app(
     options: ServeOptions | None = None,
     fallback: FallbackConfig | None = None,
     tpu_timeout_s: float = 30.0,
+    slice_name: str = "",
 ) -> Any:
     """The Serve application for ``checkpoint_dir``; replicas request the shape's chips per host.
 
@@ -345,7 +346,9 @@ def build_app(
     deployment. ``options``: batching, prefix cache and queue bound (:class:`ServeOptions`).
     With a ``fallback`` the ingress is a :class:`workloads.serve_router.Router` in front of the
     TPU deployment that sends what it cannot take to the fallback (:mod:`workloads.fallback`);
-    ``deployment`` fallbacks are a CPU ``TextGenerator`` of the same checkpoint.
+    ``deployment`` fallbacks are a CPU ``TextGenerator`` of the same checkpoint. The router's
+    series carry ``shape``'s labels and ``slice_name`` (default: :func:`telemetry.slice_label`
+    here), since it may run on any node; without a shape, its own host's.
     """
     if num_replicas is not None and autoscaling_config is not None:
         raise ValueError(
@@ -383,7 +386,8 @@ def build_app(
         cpu_app = TextGenerator.options(
             name="CpuTextGenerator", num_replicas=1, ray_actor_options={"num_cpus": 1}
         ).bind(checkpoint_dir, cpu_options)
-    return Router.bind(tpu_app, fallback, cpu_app, options.model_name, tpu_timeout_s)
+    labels = telemetry.labels_for(shape, slice_name) if shape is not None else None
+    return Router.bind(tpu_app, fallback, cpu_app, options.model_name, tpu_timeout_s, labels)
 
 
 def _app_from_env() -> Any:

@@ -6,7 +6,11 @@ sent upstream), then asks the TPU deployment through a streaming handle call
 (:meth:`workloads.serve.TextGenerator.respond`). If that call cannot be placed (no replica,
 back-pressure, the replica died), gives no first part within ``tpu_timeout_s``, or answers 503,
 the request goes to the fallback; the reply says who served it in ``X-Raytpu-Served-By``. With
-no fallback, or when the fallback fails too, the client gets 429 or 503 with ``Retry-After``.
+no fallback the client gets 503 with ``Retry-After``; when the fallback fails too, 429 (it is rate
+limited) or 504 (it kept failing or never answered), each counted under its error class.
+
+The router's series carry the serving slice's labels when :func:`workloads.serve.build_app` knows
+the shape (the router itself may run on any node); else its own host's.
 """
 
 from __future__ import annotations
@@ -57,7 +61,10 @@ class Router:
         cpu: Any | None,
         model_name: str,
         tpu_timeout_s: float,
+        labels: telemetry.Labels | None = None,
     ) -> None:
+        if labels is not None:
+            self._telemetry = telemetry.ServeTelemetry(labels)
         self._tpu, self._fallback, self._cpu = tpu, fallback, cpu
         self._model, self._timeout_s = model_name, tpu_timeout_s
         self.fallbacks = 0
@@ -111,9 +118,9 @@ class Router:
         reply = await asyncio.to_thread(call_openai, self._fallback, upstream_route, payload)
         if reply.status in (429, 503):
             failure = failure_of(reply)
-            telemetry.error("serve", failure, telemetry.of(self).labels)
+            status = telemetry.error("serve", failure, telemetry.of(self).labels).http_status
             message = f"no capacity: TPU deployment busy and {failure}"
-            return to_response(*refusal(reply.status, message, route, reply.retry_after))
+            return to_response(*refusal(status, message, route, reply.retry_after))
         return self._relay(route, validated, reply)
 
     def _relay(self, route: str, validated: Any, reply: UpstreamReply) -> Any:

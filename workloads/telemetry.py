@@ -303,11 +303,9 @@ def instrument_http(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awa
         telemetry.queue(+1)
         try:
             response = await handler(self, request)
-            status, label = int(getattr(response, "status_code", 200)), "none"
-            if status == errors.UPSTREAM_RATE_LIMITED.http_status:
-                label = errors.UPSTREAM_RATE_LIMITED.label
-            elif 400 <= status < 500:
-                label = errors.BAD_INPUT.label
+            status = int(getattr(response, "status_code", 200))
+            answered = errors.of_status(status)
+            label = answered.label if answered else "none"
         except Exception as failure:
             error_class = error("serve", failure, telemetry.labels)
             status, label = error_class.http_status, error_class.label
