@@ -4,7 +4,7 @@ stub as the fallback.
 
 - the ``openai`` client library against the local endpoint: completions, chat, both streamed;
 - a second replica hits a prefix the first cached (through the shared tier), and a hit skips
-  prefill (fewer prefilled tokens, less prefill time, hit counters);
+  prefill (fewer prefilled tokens, hit counters);
 - fallback engages when the TPU replicas are past their queue bound and disengages after;
   a fallback that answers 429 gets bounded retries and the client a 429 with Retry-After.
 """
@@ -34,6 +34,24 @@ SYSTEM = (
 def stub():
     with upstream_stub() as upstream:
         yield upstream
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    import jax
+
+    from workloads import model as m
+    from workloads.checkpoint import open_checkpoints, save_state
+
+    directory = str(tmp_path_factory.mktemp("llm") / "ck")
+    cfg = m.ModelConfig()
+    manager = open_checkpoints(directory)
+    try:
+        save_state(manager, 1, m.init_state(cfg, jax.random.PRNGKey(0)), cfg)
+        manager.wait_until_finished()
+    finally:
+        manager.close()
+    return directory
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +132,9 @@ def test_a_second_replica_hits_the_prefix_the_first_cached_and_skips_its_prefill
     assert cold["prefix_tier"] == "" and cold["prefix_cached_tokens"] == 0
     assert warm and warm[-1]["prefix_tier"] == "shared", [r["prefix_tier"] for r in replies]
     assert {r["prefix_cached_tokens"] for r in warm} == {688}  # 43 blocks; the last token runs
-    assert max(r["prefill_ms"] for r in warm) < cold["prefill_ms"], replies
+    # A hit skips prefill: the batch prefilled only the tokens past the cached prefix (the time
+    # it saves is measured by bench/serving_llm.py, not asserted here).
+    assert max(r["prefill_tokens"] for r in warm) < cold["prefill_tokens"], replies
     generator = serve.get_deployment_handle("TextGenerator", served.name)
     counts = [generator.describe.remote().result(timeout_s=60)["prefix"] for _ in range(6)]
     assert any(c["hits"]["shared"] >= 43 for c in counts), counts

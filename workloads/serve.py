@@ -193,6 +193,7 @@ class TextGenerator:
             "batch_size": len(requests),
             "compute_ms": round(compute_s * 1000, 1),
             "prefill_ms": round(timing.prefill_s * 1000, 2),
+            "prefill_tokens": timing.prefill_tokens,
         }
         tiers = timing.tiers or [""] * len(requests)
         starts = timing.starts or [0] * len(requests)
