@@ -16,6 +16,8 @@ subprocesses, which all inherit it) see it. A value already set in the environme
 - ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.5``: Ray Train v2's controller polls its workers every
   2 s by default, and a worker's ``ray.train.report`` (each ``log_every`` steps and at the end)
   waits for that poll; the tests' short runs spent most of those seconds waiting.
+- ``RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S=0.5``: how often Ray Train's preemption watcher reads
+  Ray's draining nodes (5 s by default); the tests' preemption notices give 4 s.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "JAX_COMPILATION_CACHE_DIR": "",
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+        "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",
     }
     for name, value in wanted.items():
         if name in os.environ:

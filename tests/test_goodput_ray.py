@@ -44,30 +44,48 @@ GOODPUT = dict(
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    from workloads.train import TrainConfig, run_training
-
-    logs = tmp_path_factory.mktemp("goodput-logs")
-
-    def config(run: str, faults: tuple[str, ...]) -> TrainConfig:
-        return TrainConfig(
-            checkpoint_dir=f"gs://{BUCKET}/{run}",
-            steps=STEPS,
-            global_batch=16,
-            checkpoint_every=20,
-            log_every=100,
-            model=MODEL,
-            goodput=GoodputConfig(**GOODPUT, faults=faults, log_dir=str(logs / run)),
-        )
-
+def cluster():
     with (
         gcs_or_skip(BUCKET) as gcs,
         LocalSliceCluster([SliceChoice("train", V6E_2X4_4T, 1)], env=gcs.env) as cluster,
     ):
-        clean = run_training(V6E_2X4_4T, config("clean", ("spike@12",)), name="clean")
-        faults = ("kill-host@8:1", "spike@12", "hang@17:1", "slow-host@19:0")
-        faulty = run_training(V6E_2X4_4T, config("faulty", faults), name="faulty")
-        yield clean, faulty, cluster
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("goodput-logs")
+
+
+def _config(
+    logs: Path,
+    run: str,
+    faults: tuple[str, ...],
+    steps: int = STEPS,
+    checkpoint_every: int = 20,
+    **goodput,
+):
+    from workloads.train import TrainConfig
+
+    return TrainConfig(
+        checkpoint_dir=f"gs://{BUCKET}/{run}",
+        steps=steps,
+        global_batch=16,
+        checkpoint_every=checkpoint_every,
+        log_every=100,
+        model=MODEL,
+        goodput=GoodputConfig(**{**GOODPUT, **goodput}, faults=faults, log_dir=str(logs / run)),
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(cluster, logs):
+    from workloads.train import run_training
+
+    clean = run_training(V6E_2X4_4T, _config(logs, "clean", ("spike@12",)), name="clean")
+    faults = ("kill-host@8:1", "spike@12", "hang@17:1", "slow-host@19:0")
+    faulty = run_training(V6E_2X4_4T, _config(logs, "faulty", faults), name="faulty")
+    return clean, faulty, cluster
 
 
 def _host(result, process_index: int) -> str:
@@ -145,3 +163,48 @@ def test_events_are_in_the_run_log(runs):
     _, faulty, _ = runs
     lines = Path(faulty.log_dir, "events.jsonl").read_text().splitlines()
     assert [json.loads(line)["kind"] for line in lines] == [e.kind for e in faulty.events]
+
+
+PREEMPT_STEPS = 600
+"""Long enough that the preempted host is still training at its deadline (~20 ms a step here)."""
+GRACE_S = 4.0
+
+
+@pytest.fixture(scope="module")
+def preempted(cluster, logs):
+    """JAX process 1's host gets a preemption notice at step 3 (its node drained, deadline 4 s
+    ahead), goes away at the deadline and a new host takes its place; no checkpoint is planned
+    before the last step, so the restart can only resume from the emergency one."""
+    from workloads.train import run_training
+
+    config = _config(
+        logs, "preempted", ("preempt@3:1",), steps=PREEMPT_STEPS, preempt_grace_s=GRACE_S,
+        checkpoint_timeout_s=60.0, spike_k=100.0,
+        checkpoint_every=PREEMPT_STEPS, fast_every=0,  # the emergency one is the only checkpoint
+    )  # fmt: skip
+    return run_training(V6E_2X4_4T, config, name="preempted"), cluster
+
+
+def test_a_preempted_host_saves_an_emergency_checkpoint_and_the_run_resumes(preempted):
+    result, cluster = preempted
+    (notice,) = result.events
+    assert notice.kind == "preemption" and notice.host in HOSTS, result.events
+    assert notice.step >= 3
+    assert f"emergency durable checkpoint at step {notice.step}" in notice.detail, notice
+    assert result.attempts == 2 and result.final_step == PREEMPT_STEPS
+    assert result.restores == (("none", 0), ("durable", notice.step))
+    assert notice.action.endswith(f"resumed from the durable tier at step {notice.step}")
+    # The node pool replaced the preempted host (the one JAX process 1 ran on: Ray may place
+    # the processes either way round).
+    assert [f"{s}/{w}" for s, w in cluster.replaced] == [notice.host]
+
+
+def test_the_emergency_checkpoint_is_in_the_durable_tier(preempted):
+    from workloads.checkpoint import open_checkpoints
+
+    result, _ = preempted
+    manager = open_checkpoints(f"gs://{BUCKET}/preempted")
+    try:
+        assert result.events[0].step in manager.all_steps()
+    finally:
+        manager.close()

@@ -348,3 +348,20 @@ def test_decode_resumes_and_a_cached_prefix_block_replaces_its_prefill():
     first, state = d.decode(params, cfg, state, 3)
     rest, _ = d.decode(params, cfg, state, 5)
     assert once.tolist() == [[*first[0].tolist(), *rest[0].tolist()]]
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "named"),
+    [
+        ("raylet --gcs-address=192.0.2.2:4123 --node-id=x", True),
+        ("ray start --address 192.0.2.2:4123 --block", True),
+        ("raylet --gcs-address=192.0.2.2:41234", False),
+        ("gcs_server --node-ip-address=10.192.0.2.2:4123", False),
+        ("python -m pytest", False),
+    ],
+    ids=["flag", "argument", "longer-port", "longer-host", "unrelated"],
+)
+def test_a_cluster_kills_only_processes_that_name_its_whole_address(cmdline, named) -> None:
+    from workloads.local_processes import names_address
+
+    assert names_address(cmdline, "192.0.2.2:4123") is named

@@ -11,7 +11,11 @@ last host) does:
 - ``spike``: trains that step on a corrupt batch (uniform random bytes, a real loss spike; the
   spike affects every host since the loss is global, ``HOST`` is ignored);
 - ``slow-host``: from that step on, ``SLOW_HOST_DELAY_S`` (1 s) more per step on that host.
-- ``preempt``: sends itself SIGTERM (a preemption notice: emergency checkpoint, then exit).
+- ``preempt``: a preemption notice for that host: its Ray node is drained with reason
+  *preemption* and a deadline ``grace_s`` ahead, which is what ``ray start --block`` does when
+  GKE sends the host's pod SIGTERM (Ray Train's preemption watcher then tells every worker, which
+  saves an emergency checkpoint if it fits). The host goes away at the deadline; the local slice
+  cluster then starts a new one in its place (:class:`workloads.local_cluster.LocalSliceCluster`).
 
 Each fault fires once per run: the driver passes only the faults not yet fired to a restarted
 attempt (:class:`FaultPlan`). Used by tests, ``bench/goodput.py`` and ``raytpu train --inject``.
@@ -122,7 +126,15 @@ class FaultPlan:
             for f in self.faults
         )
 
-    def apply(self, fault: FaultSpec, *, fast_dir: Path, announce: Any, batch: Any = None) -> Any:
+    def apply(
+        self,
+        fault: FaultSpec,
+        *,
+        fast_dir: Path,
+        announce: Any,
+        batch: Any = None,
+        grace_s: float = 30.0,
+    ) -> Any:
         """Do ``fault`` in this worker; returns the batch to train on (corrupt for a spike).
         ``announce(fault)`` runs first, so the driver knows it fired even if the process dies."""
         import numpy as np
@@ -134,8 +146,27 @@ class FaultPlan:
         elif fault.kind == "hang":
             time.sleep(HANG_SLEEP_S)
         elif fault.kind == "preempt":
-            os.kill(os.getpid(), signal.SIGTERM)
+            drain_for_preemption(f"injected {fault}", grace_s)
         elif fault.kind == "spike" and batch is not None:
             rng = np.random.default_rng(fault.step)
             return rng.integers(0, 256, size=np.shape(batch), dtype=np.asarray(batch).dtype)
         return batch
+
+
+def drain_for_preemption(message: str, grace_s: float) -> None:
+    """Drain this worker's Ray node with reason *preemption* and a deadline ``grace_s`` ahead:
+    the call ``ray start --block`` makes on SIGTERM (``ray/_private/node.py``) and
+    ``ray drain-node`` makes by hand (Ray's developer API: ``GcsClient.drain_node``)."""
+    import ray
+    from ray.core.generated import autoscaler_pb2
+
+    context = ray.get_runtime_context()
+    deadline_ms = int(time.time() * 1000 + grace_s * 1000)
+    accepted, rejection = ray._raylet.GcsClient(address=context.gcs_address).drain_node(
+        context.get_node_id(),
+        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+        message,
+        deadline_ms,
+    )
+    if not accepted:
+        raise RuntimeError(f"drain for preemption refused by the GCS: {rejection}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 from collections.abc import Iterator
 from typing import Any
@@ -53,6 +54,12 @@ def _reload_ray_auth() -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
+def names_address(text: str, gcs_address: str) -> bool:
+    """Whether ``text`` (a command line) names ``gcs_address`` whole: not as the prefix of
+    another cluster's (``...:4123`` in ``...:41234``), which would kill that cluster too."""
+    return re.search(rf"(?<![\w.:]){re.escape(gcs_address)}(?![\w.:])", text) is not None
+
+
 def kill_cluster_processes(gcs_address: str, *, timeout_s: float = 10.0) -> int:
     """Kill every process (but this one) of the cluster at ``gcs_address``; how many were killed.
 
@@ -65,7 +72,7 @@ def kill_cluster_processes(gcs_address: str, *, timeout_s: float = 10.0) -> int:
 
     def marked(proc: psutil.Process) -> bool:
         try:
-            if gcs_address in " ".join(proc.cmdline()):
+            if names_address(" ".join(proc.cmdline()), gcs_address):
                 return True
             return proc.environ().get("RAY_ADDRESS") == gcs_address
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -73,6 +80,32 @@ def kill_cluster_processes(gcs_address: str, *, timeout_s: float = 10.0) -> int:
 
     me = os.getpid()
     roots = [p for p in psutil.process_iter() if p.pid != me and marked(p)]
+    killed = _kill_trees(roots, timeout_s)
+    if killed:
+        logger.info("killed %d processes of cluster %s", killed, gcs_address)
+    return killed
+
+
+def kill_processes_with_env(name: str, value: str, *, timeout_s: float = 10.0) -> int:
+    """Kill every process (but this one) whose environment has ``name=value``, and their
+    descendants: all processes of one simulated host (its raylet, agents and workers share the
+    host's ``TMPDIR``), as when its VM goes away. How many were killed."""
+    import psutil
+
+    def marked(proc: psutil.Process) -> bool:
+        try:
+            return proc.environ().get(name) == value
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return False
+
+    me = os.getpid()
+    return _kill_trees([p for p in psutil.process_iter() if p.pid != me and marked(p)], timeout_s)
+
+
+def _kill_trees(roots: list[Any], timeout_s: float) -> int:
+    import psutil
+
+    me = os.getpid()
     victims: dict[int, psutil.Process] = {}
     for proc in roots:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -85,8 +118,6 @@ def kill_cluster_processes(gcs_address: str, *, timeout_s: float = 10.0) -> int:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
     psutil.wait_procs(list(victims.values()), timeout=timeout_s)
-    if victims:
-        logger.info("killed %d processes of cluster %s", len(victims), gcs_address)
     return len(victims)
 
 

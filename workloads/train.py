@@ -74,14 +74,29 @@ class TrainingInterrupted(KeyboardInterrupt):
 PROGRESS_POLL_S = 0.5
 
 
+HEAD_RESOURCE = "node:__internal_head__"
+"""The resource Ray gives the head node only."""
+
+
 @contextmanager
 def _run_board(on_progress: Callable[[TrainProgress], None] | None) -> Iterator[Any]:
     """Yield the run's board for the workers and, while the block runs, call ``on_progress``
     (if given) from a driver thread whenever a new step arrives."""
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    board = ray.remote(num_cpus=0)(RunBoard).remote()
+    # On the head node: the board outlives the attempts, so it must not sit on a TPU host that
+    # may be lost or preempted (the head is a CPU pod; Ray gives it this resource).
+    heads = [
+        n["NodeID"]
+        for n in ray.nodes()
+        if n["Alive"] and HEAD_RESOURCE in (n.get("Resources") or {})
+    ]
+    options: dict[str, Any] = {}
+    if heads:  # hard: a soft affinity let Ray place it on a TPU host under load
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(heads[0], soft=False)
+    board = ray.remote(num_cpus=0)(RunBoard).options(**options).remote()
     if on_progress is None:
         try:
             yield board
@@ -245,8 +260,10 @@ def run_training(
                     name=f"{name}-{attempt}" if attempt else name,
                     storage_path=storage_path,
                     storage_filesystem=filesystem,
+                    # This loop restarts (a capacity check, the faults not yet fired, the
+                    # event account): Ray Train retries nothing itself, preemptions included.
                     failure_config=ray.train.FailureConfig(
-                        max_failures=0, controller_failure_limit=0
+                        max_failures=0, controller_failure_limit=0, max_preemption_failures=0
                     ),
                 ),
             )

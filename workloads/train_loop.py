@@ -10,7 +10,11 @@ every host's own time gathered by a collective), so every host takes the same de
 - slow host (:class:`workloads.goodput.SlowHostDetector`): named in an event (policy ``warn``);
 - hang (:class:`workloads.goodput.Watchdog`): stacks dumped, the worker ends, the driver restarts;
 - fast tier every ``goodput.fast_every`` steps, durable tier every ``checkpoint_every``
-  (:mod:`workloads.tiers`).
+  (:mod:`workloads.tiers`);
+- preemption notice (``ray.train.get_preemption_info``: Ray Train's watcher saw a node of the run
+  drained for preemption, as ``ray start`` does on SIGTERM): an emergency checkpoint to the
+  durable tier, once, if the last durable save's time fits before the deadline; training goes
+  on until the host goes away, and the restarted attempt resumes from that checkpoint.
 
 Events go to the run's board (:class:`workloads.train_config.RunBoard`), which the driver reads.
 """
@@ -33,7 +37,6 @@ from workloads.train_config import TrainConfig, TrainProgress, WorkerPlacement
 logger = logging.getLogger(__name__)
 
 HANG_EXIT_CODE = 70
-PREEMPTED_EXIT_CODE = 143
 
 
 def data_index(step: int, skipped: list[int]) -> int:
@@ -53,6 +56,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     import jax
     import numpy as np
+    import ray
+    import ray.train as ray_train
     from jax.experimental import multihost_utils
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -100,8 +105,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         time.sleep(2.0)  # the board calls go out; the peers' watchdogs dump their stacks too
         os._exit(HANG_EXIT_CODE)
 
-    stop = gp.GracefulStop(good.preempt_grace_s)
-    stop.install()
+    notice_handled = False
+    my_node = ray.get_runtime_context().get_node_id()
+    # The last durable save's time (0 until one finished: an emergency save is tried).
+    durable_s, durable_began = 0.0, None
     watchdog = gp.Watchdog(
         k=good.hang_k, floor_s=good.hang_floor_s, startup_s=good.startup_timeout_s, on_hang=on_hang
     ).start()
@@ -159,6 +166,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     fast_dir=fast_dir,
                     batch=local,
                     announce=lambda f: _announce(board, f, host_name),
+                    grace_s=good.preempt_grace_s,
                 )
             if plan.slow_from(step, me, hosts):
                 time.sleep(_slow_delay())
@@ -218,19 +226,35 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 tiers.save_fast(fast_dir, done, state, {"spike_window": list(spikes.losses)})
                 save_s = time.monotonic() - saved
             if done % run.checkpoint_every == 0 or done == run.steps:
+                durable_began = time.monotonic()
                 with meter.checkpoint("save"):
                     save_state(manager, done, state, cfg)
+            if durable_began is not None and not manager.is_saving_in_progress():
+                durable_s, durable_began = time.monotonic() - durable_began, None
             watchdog.beat(done)
-            if stop.requested:
-                # A preemption notice: the emergency save if it fits the grace period, then exit.
-                if stop.save_fits(save_s):
-                    tiers.save_fast(fast_dir, done, state, {"spike_window": list(spikes.losses)})
-                    action = f"emergency fast checkpoint at step {done} (~{save_s:.1f} s), exit"
+            notice = ray_train.get_preemption_info() if not notice_handled else None
+            if notice is not None:
+                # A preemption notice: one emergency durable save if it fits, then train on.
+                notice_handled = True
+                left = gp.seconds_left(notice.deadline_ms, good.preempt_grace_s, time.time())
+                fits = multihost_utils.broadcast_one_to_all(np.asarray(durable_s < left))
+                if bool(fits):  # rank 0's decision, on every host: the save is collective
+                    saved = time.monotonic()
+                    with meter.checkpoint("save"):
+                        if done % run.checkpoint_every and done != run.steps:  # not saved yet
+                            save_state(manager, done, state, cfg)
+                        manager.wait_until_finished()
+                    action = (
+                        f"emergency durable checkpoint at step {done} "
+                        f"({time.monotonic() - saved:.1f} s, {left:.1f} s before the deadline)"
+                    )
                 else:
-                    action = f"no emergency checkpoint: ~{save_s:.1f} s > {stop.grace_s} s left"
-                event("preemption", done, host_name, action)
-                time.sleep(1.0)
-                os._exit(PREEMPTED_EXIT_CODE)
+                    action = (
+                        f"no emergency checkpoint: a durable save took {durable_s:.1f} s, "
+                        f"{left:.1f} s left"
+                    )
+                if my_node in notice.preempted_node_to_ranks:  # the drained host says so
+                    event("preemption", done, host_name, action)
             if done % run.log_every == 0 and done != run.steps:
                 window = losses[-run.log_every :]
                 _report({"step": done, "loss": loss_value, "window_losses": window}, final=False)
@@ -257,7 +281,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         )
     finally:
         watchdog.stop()
-        stop.uninstall()
         manager.close()
 
 
