@@ -85,3 +85,30 @@ def test_a_shared_system_prompt_skips_its_prefill_and_changes_no_token(tiny, dev
     assert warm.prefill_tokens == len(second[0].prompt) - 48
     uncached = decode.generate_tokens_uncached(params, cfg, [second[0].prompt], [6], [0.7], 2)
     assert tokens == uncached
+
+
+def test_a_lookup_never_sees_half_of_a_publish(monkeypatch):
+    """The directory actor serves calls concurrently: a lookup during a publish sees none of its
+    blocks or all of them, never a prefix cut short."""
+    import threading
+    import time
+
+    import ray
+
+    from workloads.prefix_cache import PrefixDirectory
+
+    def slow_put(value):
+        time.sleep(0.005)  # the object store under load
+        return value
+
+    monkeypatch.setattr(ray, "put", slow_put)
+    keys = block_hashes("m", list(range(16 * 43)))
+    directory = PrefixDirectory(capacity=1000)
+    publisher = threading.Thread(target=directory.publish, args=({k: k for k in keys},))
+    publisher.start()
+    seen = set()
+    while publisher.is_alive():
+        seen.add(len(directory.lookup([keys])[0]))
+    publisher.join()
+    seen.add(len(directory.lookup([keys])[0]))
+    assert seen <= {0, 43} and 43 in seen, seen

@@ -20,6 +20,7 @@ The last prompt token is never served from the cache: its logits start decoding.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -92,33 +93,42 @@ class PrefixDirectory:
 
     def __init__(self, capacity: int = SHARED_BLOCKS) -> None:
         self._tier = LRUTier("shared", capacity)
+        # The actor serves several calls at once (max_concurrency): a lookup must not see half
+        # of a publish (a prefix cut short) nor the LRU map while another call reorders it.
+        self._lock = threading.Lock()
 
     def lookup(self, hashes: list[list[str]]) -> list[list[Any]]:
         """For each row of hashes: the refs of its longest run of known blocks from the start
         (each wrapped in a list, so that Ray passes the ref and not the value)."""
         found = []
-        for row in hashes:
-            refs = []
-            for key in row:
-                ref = self._tier.get(key)
-                if ref is None:
-                    break
-                refs.append([ref])
-            found.append(refs)
+        with self._lock:
+            for row in hashes:
+                refs = []
+                for key in row:
+                    ref = self._tier.get(key)
+                    if ref is None:
+                        break
+                    refs.append([ref])
+                found.append(refs)
         return found
 
     def publish(self, blocks: dict[str, Any]) -> int:
         """Keep ``blocks`` (hash -> array) in the object store, put here so that this actor
-        owns them; returns how many blocks the directory holds."""
+        owns them; all of them become visible at once. Returns how many blocks it holds."""
         import ray
 
-        for key, value in blocks.items():
-            if key not in self._tier:
-                self._tier.put(key, ray.put(value))
-        return len(self._tier)
+        with self._lock:
+            new = [key for key in blocks if key not in self._tier]
+        refs = {key: ray.put(blocks[key]) for key in new}  # the slow part, outside the lock
+        with self._lock:
+            for key, ref in refs.items():
+                if key not in self._tier:
+                    self._tier.put(key, ref)
+            return len(self._tier)
 
     def size(self) -> int:
-        return len(self._tier)
+        with self._lock:
+            return len(self._tier)
 
 
 def directory(capacity: int = SHARED_BLOCKS, name: str = DIRECTORY_NAME) -> Any:
