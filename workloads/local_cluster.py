@@ -30,16 +30,11 @@ emulator, :mod:`workloads.gcs_emulator`, stands in for the stack's bucket).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,12 +50,14 @@ from raytpu.ray_names import (
     LABEL_TOPOLOGY,
     LABEL_WORKER_ID,
 )
-from workloads.local_processes import (
+from workloads.local_processes import (  # free_port: imported from here by many
+    agent_ports,
+    free_port,
     kill_cluster_processes,
-    kill_processes_with_env,
     signals_deferred,
     token_auth,
 )
+from workloads.node_pool import NodePool
 
 logger = logging.getLogger(__name__)
 
@@ -147,23 +144,6 @@ def host_specs(slices: Iterable[SliceLike]) -> list[SimulatedHost]:
     return hosts
 
 
-def free_port() -> int:
-    """A TCP port free on localhost right now (never Ray's default 6379)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _agent_ports() -> dict[str, int]:
-    """Free ports for one node's agents (never Ray's fixed defaults, which collide)."""
-    return {
-        "dashboard_agent_listen_port": free_port(),
-        "metrics_agent_port": free_port(),
-        "metrics_export_port": free_port(),
-        "runtime_env_agent_port": free_port(),
-    }
-
-
 class LocalSliceCluster:
     """A Ray head plus one worker node per simulated TPU host; a context manager.
 
@@ -189,7 +169,7 @@ class LocalSliceCluster:
         that lost a host (e.g. ``("broken-0", 1)``). ``env``: extra environment of every node
         (the head and each host), e.g. the GCS emulator's
         (:attr:`workloads.gcs_emulator.GcsEmulator.env`), as a pod spec's ``env`` would.
-        ``replace_preempted``: play GKE's part in a preemption (:meth:`_run_node_pool`)."""
+        ``replace_preempted``: play GKE's part in a preemption (:class:`workloads.node_pool.NodePool`)."""
         every = host_specs(slices)
         known = {(h.slice_name, h.worker_id) for h in every}
         missing = {(str(name), int(worker)) for name, worker in missing_hosts}
@@ -220,14 +200,7 @@ class LocalSliceCluster:
         self.stopped_processes = 0
         """Processes of this cluster that :meth:`stop` killed."""
         self._replace_preempted = replace_preempted
-        self._replacer: threading.Thread | None = None
-        self._replacer_stop = threading.Event()
-        self._nodes_lock = threading.Lock()
-        self._replacements: dict[str, subprocess.Popen[bytes]] = {}
-        """Ray node id -> the ``ray start --block`` process of a replacement host."""
-        self._handled_drains: set[str] = set()
-        self.replaced: list[tuple[str, int]] = []
-        """``(slice name, worker id)`` of every host replaced after a preemption, in order."""
+        self._node_pool: NodePool | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> LocalSliceCluster:
@@ -285,7 +258,7 @@ class LocalSliceCluster:
                 "gcs_server_port": gcs_port,
                 "env_vars": {**self._env, "TMPDIR": str(head_dir / "tmp"), "RAY_ADDRESS": address},
                 "object_store_memory": self._object_store,
-                **_agent_ports(),
+                **agent_ports(),
             },
         )
         for index, host in enumerate(self.hosts):
@@ -303,9 +276,9 @@ class LocalSliceCluster:
                     temp_dir=str(host_dir / "ray"),
                     # Its logs are in its own folder: it forwards them itself, as a real host.
                     include_log_monitor=True,
-                    env_vars=self._host_env(host, host_dir),
+                    env_vars=self.host_env(host, host_dir),
                     object_store_memory=self._object_store,
-                    **_agent_ports(),
+                    **agent_ports(),
                 )
         self._cluster.wait_for_nodes(timeout=self._remaining(began))
         self.address = self._cluster.address
@@ -319,11 +292,7 @@ class LocalSliceCluster:
             if self._previous_handlers:  # inside `with`: take SIGTERM back from ray.init()
                 self._install_signal_handlers()
             if self._replace_preempted:
-                self._replacer_stop.clear()
-                self._replacer = threading.Thread(
-                    target=self._run_node_pool, name="raytpu-node-pool", daemon=True
-                )
-                self._replacer.start()
+                self._node_pool = NodePool(self).start()
 
     def stop(self) -> None:
         """Disconnect the driver and kill every process of the cluster. Safe to call twice.
@@ -337,10 +306,8 @@ class LocalSliceCluster:
         import ray
 
         with signals_deferred():
-            replacer, self._replacer = self._replacer, None
-            if replacer is not None:
-                self._replacer_stop.set()
-                replacer.join(timeout=30)
+            if self._node_pool is not None:
+                self._node_pool.stop()
             cluster, self._cluster = self._cluster, None
             with contextlib.suppress(Exception):
                 if self._connect and ray.is_initialized():
@@ -354,10 +321,8 @@ class LocalSliceCluster:
             auth, self._auth = self._auth, None
             if auth is not None:
                 auth.close()
-            for process in self._replacements.values():  # killed above; reap them
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=10)
-            self._replacements = {}
+            if self._node_pool is not None:
+                self._node_pool.reap()  # its hosts' processes were killed above
             root, self._root = self._root, None
             if root is not None:
                 shutil.rmtree(root, ignore_errors=True)
@@ -446,8 +411,9 @@ class LocalSliceCluster:
             f"remove_host: ({slice_name!r}, {worker_id}) is not valid; valid: {valid}"
         )
 
-    # -- preemption: GKE's part ---------------------------------------------------------------
-    def _host_env(self, host: SimulatedHost, host_dir: Path) -> dict[str, str]:
+    # -- for the node pool (workloads.node_pool) --------------------------------------------
+    def host_env(self, host: SimulatedHost, host_dir: Path) -> dict[str, str]:
+        """The environment of ``host``'s processes (as its pod spec would give them)."""
         assert self._gcs_address is not None
         return {
             **self._env,
@@ -456,109 +422,30 @@ class LocalSliceCluster:
             "RAY_ADDRESS": self._gcs_address,
         }
 
-    def _run_node_pool(self) -> None:
-        """The node pool's side of a preemption, as GKE and ``ray start`` play it on a cluster.
+    def new_host_dir(self, name: str) -> Path:
+        return self._node_dir(name)
 
-        On GKE a preempted host's pod gets SIGTERM; ``ray start --block`` (the pod's command)
-        then drains its Ray node with reason *preemption* and a deadline (Ray Train's preemption
-        watcher tells the workers, :mod:`workloads.train_loop` saves an emergency checkpoint),
-        the host goes away at the deadline and the node pool brings up a new VM in its place,
-        with an empty disk. Here a node drained with a deadline is killed at that deadline and
-        a new host of the same slice and worker id is started with a fresh folder, as
-        ``ray start --block`` in that folder (its own working dir, as a pod's)."""
-        import ray
-        from ray._private import state
-        from ray.core.generated.common_pb2 import NodeDeathInfo
-        from ray.exceptions import RayError
+    @property
+    def gcs_address(self) -> str:
+        return self._gcs_address or ""
 
-        doomed: dict[str, float] = {}  # node id -> its deadline (ms); a node seen draining
-        while not self._replacer_stop.wait(0.25):
-            try:
-                draining = state.state.get_draining_nodes()
-                nodes = ray.nodes()
-            except (RayError, ConnectionError) as error:
-                logger.warning("node pool: cannot read the nodes: %s", error)
-                continue
-            doomed.update(
-                (n, d) for n, d in draining.items() if d and n not in self._handled_drains
-            )
-            # An idle raylet drained for preemption exits at once (Ray's drain): its VM is
-            # gone as well.
-            doomed.update(
-                (n["NodeID"], 0)
-                for n in nodes
-                if not n["Alive"]
-                and n.get("DeathReason") == NodeDeathInfo.AUTOSCALER_DRAIN_PREEMPTED
-                and n["NodeID"] not in self._handled_drains
-            )
-            now_ms = time.time() * 1000
-            for node_id, deadline_ms in sorted(doomed.items()):
-                if now_ms >= deadline_ms:
-                    del doomed[node_id]
-                    self._handled_drains.add(node_id)
-                    self._replace_node(node_id)
+    @property
+    def host_cpus(self) -> int:
+        return self._host_cpus
 
-    def _replace_node(self, node_id: str) -> None:
-        import ray
+    @property
+    def object_store_bytes(self) -> int:
+        return self._object_store
 
-        labels = next((n.get("Labels") or {} for n in ray.nodes() if n["NodeID"] == node_id), {})
-        key = (labels.get(LABEL_SLICE_NAME, ""), int(labels.get(LABEL_WORKER_ID, "-1")))
-        host = next((h for h in self.hosts if (h.slice_name, h.worker_id) == key), None)
-        if host is None or self._cluster is None:
-            return
-        with self._nodes_lock:
-            # The VM goes: every process of the host (raylet, agents, workers) at once.
-            kill_processes_with_env("TMPDIR", str(self.host_dirs[key] / "tmp"))
-            process = self._replacements.pop(node_id, None)
-            if process is not None:
-                process.wait(timeout=10)
-            for worker in list(self._cluster.worker_nodes):
-                if worker.node_id == node_id:
-                    self._cluster.remove_node(worker, allow_graceful=False)
-            host_dir = self._node_dir(f"h-{host.slice_name}-{host.worker_id}-r{len(self.replaced)}")
-            self.host_dirs[key] = host_dir
-            ports = _agent_ports()
-            command = [
-                str(Path(sys.executable).with_name("ray")), "start",
-                "--address", self._gcs_address or "",
-                "--num-cpus", str(self._host_cpus),
-                "--resources", json.dumps(dict(host.resources)),
-                "--labels", ",".join(f"{k}={v}" for k, v in host.labels.items()),
-                "--temp-dir", str(host_dir / "ray"),
-                "--object-store-memory", str(self._object_store),
-                "--dashboard-agent-listen-port", str(ports["dashboard_agent_listen_port"]),
-                "--dashboard-agent-grpc-port", str(ports["metrics_agent_port"]),
-                "--metrics-export-port", str(ports["metrics_export_port"]),
-                "--runtime-env-agent-port", str(ports["runtime_env_agent_port"]),
-                "--block",
-            ]  # fmt: skip
-            with (host_dir / "ray-start.log").open("wb") as log:
-                process = subprocess.Popen(
-                    command,
-                    cwd=host_dir / "work",
-                    env={**os.environ, **self._host_env(host, host_dir)},
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            self.replaced.append(key)
-        new_id = self._wait_for_host(key, exclude=node_id)
-        if new_id:
-            self._replacements[new_id] = process
-        logger.warning("node pool: host %s/%d preempted; replaced (node %s)", *key, new_id)
+    @property
+    def ray_cluster(self) -> Any:
+        """Ray's ``cluster_utils.Cluster`` behind this one (``None`` when stopped)."""
+        return self._cluster
 
-    def _wait_for_host(self, key: tuple[str, int], exclude: str, timeout_s: float = 60.0) -> str:
-        """The node id of the live host ``key`` other than ``exclude``, once it registered."""
-        import ray
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not self._replacer_stop.is_set():
-            for node in ray.nodes():
-                labels = node.get("Labels") or {}
-                found = (labels.get(LABEL_SLICE_NAME), labels.get(LABEL_WORKER_ID))
-                if node["Alive"] and node["NodeID"] != exclude and found == (key[0], str(key[1])):
-                    return str(node["NodeID"])
-            time.sleep(0.25)
-        return ""
+    @property
+    def replaced(self) -> list[tuple[str, int]]:
+        """``(slice name, worker id)`` of every host replaced after a preemption, in order."""
+        return list(self._node_pool.replaced) if self._node_pool else []
 
     def describe(self) -> list[dict[str, Any]]:
         """One row per simulated host, for summaries."""

@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import signal
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -140,3 +141,20 @@ def signals_deferred() -> Iterator[None]:
                 signal.signal(signum, handler)
         if caught:
             logger.warning("deferred %s while stopping", signal.Signals(caught[0]).name)
+
+
+def free_port() -> int:
+    """A TCP port free on localhost right now (never Ray's default 6379)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def agent_ports() -> dict[str, int]:
+    """Free ports for one node's agents (never Ray's fixed defaults, which collide)."""
+    return {
+        "dashboard_agent_listen_port": free_port(),
+        "metrics_agent_port": free_port(),
+        "metrics_export_port": free_port(),
+        "runtime_env_agent_port": free_port(),
+    }
