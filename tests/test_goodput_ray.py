@@ -165,21 +165,22 @@ def test_events_are_in_the_run_log(runs):
     assert [json.loads(line)["kind"] for line in lines] == [e.kind for e in faulty.events]
 
 
-PREEMPT_STEPS = 600
-"""Long enough that the preempted host is still training at its deadline (~20 ms a step here)."""
-GRACE_S = 4.0
+PREEMPT_STEPS = 300
+"""Long enough that the preempted host is still training at its deadline (~0.15 s a step here,
+reading the notice every step)."""
+GRACE_S = 8.0
 
 
 @pytest.fixture(scope="module")
 def preempted(cluster, logs):
-    """JAX process 1's host gets a preemption notice at step 3 (its node drained, deadline 4 s
+    """JAX process 1's host gets a preemption notice at step 3 (its node drained, deadline 8 s
     ahead), goes away at the deadline and a new host takes its place; no checkpoint is planned
     before the last step, so the restart can only resume from the emergency one."""
     from workloads.train import run_training
 
     config = _config(
         logs, "preempted", ("preempt@3:1",), steps=PREEMPT_STEPS, preempt_grace_s=GRACE_S,
-        checkpoint_timeout_s=60.0, spike_k=100.0,
+        checkpoint_timeout_s=60.0, spike_k=100.0, preempt_check_every=1,
         checkpoint_every=PREEMPT_STEPS, fast_every=0,  # the emergency one is the only checkpoint
     )  # fmt: skip
     return run_training(V6E_2X4_4T, config, name="preempted"), cluster

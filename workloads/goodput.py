@@ -55,6 +55,9 @@ class GoodputConfig:
     slow_min_excess_s: float = 0.1
     """A step only counts as slow when it takes at least this much longer than the baseline."""
     slow_policy: str = "warn"
+    preempt_check_every: int = 10
+    """Steps between reads of Ray Train's preemption notice (``ray.train.get_preemption_info``,
+    a round trip through Ray Train's collective); at 1 s a step, 10 s of a 30 s notice."""
     preempt_grace_s: float = 25.0
     """Seconds a preemption notice leaves when Ray reports no deadline (an emergency save only if
     the last durable save's time fits); ``preempt`` faults drain their node with this deadline."""
@@ -90,6 +93,8 @@ class GoodputConfig:
              ">= 0 seconds"),
             ("slow_policy", self.slow_policy, self.slow_policy in SLOW_POLICIES,
              ", ".join(SLOW_POLICIES)),
+            ("preempt_check_every", self.preempt_check_every, self.preempt_check_every >= 1,
+             "an integer >= 1"),
             ("preempt_grace_s", self.preempt_grace_s, self.preempt_grace_s >= 0, ">= 0"),
         ]  # fmt: skip
         for name, value, ok, valid in checks:

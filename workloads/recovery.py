@@ -55,10 +55,11 @@ class EventBook:
         elif preempted or lost:
             # First: a host that went away leaves its peers waiting in a collective, and their
             # watchdogs may fire before Ray Train sees the loss.
-            source = preempted[0] if preempted else lost[-1]
+            # The drained host's last word (it says so before and after its emergency save).
+            source = preempted[-1] if preempted else lost[-1]
             kind = "preemption" if preempted or source["kind"] == "preempt" else "host_loss"
             step, host = int(source["step"]), source["host"]
-            detail = preempted[0]["action"] if preempted else f"injected {source['spec']}"
+            detail = preempted[-1]["action"] if preempted else f"injected {source['spec']}"
         elif culprits:
             kind, step, host = "hang", min(int(h["step"]) for h in hangs), ",".join(culprits)
             first = next(h for h in hangs if h["host"])

@@ -89,8 +89,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     fast_dir = tiers.fast_root(good.fast_dir) / config.get("run_name", "run")
     phase = {"where": "start"}
 
-    def event(kind: str, step: int, host: str, action: str, detail: str = "") -> None:
-        board.event.remote(asdict(gp.GoodputEvent(kind, step, host, action, 0.0, detail)))
+    def event(
+        kind: str, step: int, host: str, action: str, detail: str = "", wait: bool = False
+    ) -> None:
+        """Post an event; ``wait``: until the board has it (this host may be gone right after)."""
+        posted = board.event.remote(asdict(gp.GoodputEvent(kind, step, host, action, 0.0, detail)))
+        if wait:
+            ray.get(posted, timeout=10)
 
     def on_hang(step: int, waited: float, limit: float) -> None:
         path = gp.dump_stacks(Path("raytpu-stacks"), f"{host_name.replace('/', '-')}.txt")
@@ -232,12 +237,17 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             if durable_began is not None and not manager.is_saving_in_progress():
                 durable_s, durable_began = time.monotonic() - durable_began, None
             watchdog.beat(done)
-            notice = ray_train.get_preemption_info() if not notice_handled else None
+            checks = not notice_handled and done % good.preempt_check_every == 0
+            notice = ray_train.get_preemption_info() if checks else None
             if notice is not None:
                 # A preemption notice: one emergency durable save if it fits, then train on.
                 notice_handled = True
+                mine = my_node in notice.preempted_node_to_ranks  # the drained host says so
                 left = gp.seconds_left(notice.deadline_ms, good.preempt_grace_s, time.time())
                 fits = multihost_utils.broadcast_one_to_all(np.asarray(durable_s < left))
+                if bool(fits) and mine:  # said first: the host may go before the save ends
+                    started = f"emergency durable checkpoint at step {done} started"
+                    event("preemption", done, host_name, f"{started}, {left:.1f} s left", wait=True)
                 if bool(fits):  # rank 0's decision, on every host: the save is collective
                     saved = time.monotonic()
                     with meter.checkpoint("save"):
@@ -253,8 +263,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                         f"no emergency checkpoint: a durable save took {durable_s:.1f} s, "
                         f"{left:.1f} s left"
                     )
-                if my_node in notice.preempted_node_to_ranks:  # the drained host says so
-                    event("preemption", done, host_name, action)
+                if mine:
+                    event("preemption", done, host_name, action, wait=True)
             if done % run.log_every == 0 and done != run.steps:
                 window = losses[-run.log_every :]
                 _report({"step": done, "loss": loss_value, "window_losses": window}, final=False)
