@@ -365,3 +365,29 @@ def test_a_cluster_kills_only_processes_that_name_its_whole_address(cmdline, nam
     from workloads.local_processes import names_address
 
     assert names_address(cmdline, "192.0.2.2:4123") is named
+
+
+@pytest.mark.parametrize(
+    "start_up",
+    ["swallowed", "then-failed"],
+    ids=["signal-swallowed-by-start-up-code", "start-up-failed-after-the-signal"],
+)
+def test_an_interrupt_during_start_up_stops_the_cluster_and_is_not_retried(
+    monkeypatch: pytest.MonkeyPatch, start_up: str
+) -> None:
+    """A Ctrl-C that Python ignored (raised inside logging's at-fork hook) or that killed the
+    group's Ray processes (the start-up then fails) must stop the start, not retry it."""
+    cluster = LocalSliceCluster([Slice("train", V6E_2X4_4T, 1)])
+    calls: list[str] = []
+
+    def start_once(began: float) -> None:
+        calls.append("start")
+        cluster.interrupted = "SIGINT"
+        if start_up == "then-failed":
+            raise RuntimeError("raylet died")
+
+    monkeypatch.setattr(cluster, "_start_once", start_once)
+    monkeypatch.setattr(cluster, "stop", lambda: calls.append("stop"))
+    with pytest.raises(KeyboardInterrupt, match="SIGINT"):
+        cluster.start()
+    assert calls == ["start", "stop"]

@@ -208,7 +208,9 @@ class LocalSliceCluster:
 
         One retry, within the same ``start_timeout_s``: on a machine overloaded by other work a
         raylet can die at start-up waiting for its agents' port files (Ray issues #62883 and
-        #65983: a fixed 15 s limit). Agent ports are pinned up front to make that rarer.
+        #65983: a fixed 15 s limit). Agent ports are pinned up front to make that rarer. Never
+        after SIGINT/SIGTERM: an interrupt stops the start even where Python ignored the
+        ``KeyboardInterrupt`` (raised inside logging's at-fork hook while Ray spawns a process).
         """
         if self._cluster is not None:
             return self
@@ -216,9 +218,13 @@ class LocalSliceCluster:
         for attempt in (1, 2):
             try:
                 self._start_once(began)
+                if self.interrupted:  # a signal some Ray start-up code caught: still a stop
+                    raise KeyboardInterrupt(f"signal {self.interrupted}")
                 break
             except Exception as error:
                 self.stop()
+                if self.interrupted:  # the Ctrl-C also killed the group's Ray processes
+                    raise KeyboardInterrupt(f"signal {self.interrupted}") from error
                 if attempt == 2 or self._start_timeout_s - (time.monotonic() - began) < 30:
                     raise
                 logger.warning("local slice cluster did not start (%s); retrying once", error)
