@@ -203,10 +203,11 @@ BASELINE = [0.1, 0.1, 0.1, 0.1]  # steps 1..3 after one compile step: baseline 0
         ([(0.25, [0.01, 0.16])] * 3, 0.1, 1),
         ([(0.7, [0.01, 0.6, 0.02, 0.01])] * 3, 0.0, 1),
         ([(0.7, [0.6])] * 3, 0.0, 0),
+        ([(2.5, [0.01, 1.0])] * 3, 0.0, 1),
     ],
     ids=[
         "own-time-explains", "slow-everywhere", "alike-own-times", "culprit-changes",
-        "under-min-excess", "over-min-excess", "four-hosts", "one-host",
+        "under-min-excess", "over-min-excess", "four-hosts", "one-host", "slow-host-under-load",
     ],
 )  # fmt: skip
 def test_a_slow_step_names_a_host_only_when_its_own_time_explains_it(

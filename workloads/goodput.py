@@ -247,8 +247,8 @@ class SlowHostDetector:
     """The run's baseline is the median step time of steps ``skip`` .. ``skip + baseline_steps``
     (after compilation). A step is **slow because of host h** when it takes longer than
     ``baseline / fraction`` and at least ``min_excess_s`` more than the baseline, and h's own
-    (pre-collective) time exceeds the median of the other hosts' own times by at least half of
-    that excess: h's own work explains the slowdown. ``steps`` such steps in a row, all naming
+    (pre-collective) time exceeds the median of the other hosts' own times by at least
+    ``baseline / fraction - baseline``: h's own extra work alone makes a step slow. ``steps`` such steps in a row, all naming
     the same host, flag it, once per host.
 
     A step that is slow everywhere (a loaded machine, a slow collective) names no host: the
@@ -281,7 +281,9 @@ class SlowHostDetector:
         slowest = max(range(len(host_s)), key=host_s.__getitem__)
         others = [t for i, t in enumerate(host_s) if i != slowest]
         own_excess = host_s[slowest] - (statistics.median(others) if others else 0.0)
-        return slowest if own_excess >= excess / 2 else None
+        # Its own extra time alone would make a baseline step slow (load on top does not
+        # change that: comparing with the step's whole excess missed slow steps under load).
+        return slowest if own_excess >= baseline * (1 / self.fraction - 1) else None
 
     def observe(self, step_s: float, host_s: Sequence[float]) -> int | None:
         """One step's time and each host's own time; the slow host's index when flagged."""
