@@ -248,8 +248,8 @@ class SlowHostDetector:
     (after compilation). A step is **slow because of host h** when it takes longer than
     ``baseline / fraction`` and at least ``min_excess_s`` more than the baseline, and h's own
     (pre-collective) time exceeds the median of the other hosts' own times by at least
-    ``baseline / fraction - baseline``: h's own extra work alone makes a step slow. ``steps`` such steps in a row, all naming
-    the same host, flag it, once per host.
+    ``baseline / fraction - baseline``: h's own extra work alone makes a step slow. ``steps``
+    such steps in a row, all naming the same host, flag it, once per host.
 
     A step that is slow everywhere (a loaded machine, a slow collective) names no host: the
     hosts' own times stay alike. A chip that is slow in its compute does not show in its
