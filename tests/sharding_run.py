@@ -13,6 +13,7 @@ import numpy as np
 
 from raytpu.presets import MeshConfig, preset
 from workloads import sharding
+from workloads.model import params_digest
 
 STEPS = 4
 
@@ -37,6 +38,10 @@ def train(mesh_config: MeshConfig) -> dict:
     model = preset("tiny")
     mesh = sharding.build_mesh(mesh_config)
     state = sharding.sharded_init(model, mesh, seed=0)
+    digests = {
+        "init": params_digest(state.params),
+        "init_on_host": params_digest(jax.device_get(state.params)),
+    }
     step = sharding.sharded_step(model, mesh)
     rng = np.random.default_rng(0)
     batch = rng.integers(0, model.vocab_size, size=(16, model.seq_len + 1)).astype(np.int32)
@@ -46,6 +51,7 @@ def train(mesh_config: MeshConfig) -> dict:
         losses.append(float(loss))
     return {
         "losses": losses,
+        "digests": digests,
         "mesh": dict(mesh.shape),
         "params": layout(nn.meta.unbox(state.params)),
         "moments": layout(nn.meta.unbox(state.opt_state)),

@@ -84,3 +84,10 @@ def test_one_slice_checkpoint_restores_onto_two_slices_and_loss_keeps_falling(ru
     assert one.last_loss < one.first_loss
     assert two.last_loss < one.first_loss - 0.1
     assert two.first_loss < one.first_loss, "resumed, not started over"
+
+
+def test_each_run_reports_the_digest_of_its_global_parameters(runs):
+    one, two = runs
+    for result in runs:
+        assert len(result.params_digest) == 64 and int(result.params_digest, 16) >= 0
+    assert one.params_digest != two.params_digest, "four more steps changed the parameters"

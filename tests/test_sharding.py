@@ -78,5 +78,13 @@ def test_same_loss_trajectory_as_data_parallel_and_it_falls(run):
     assert dp[-1] < dp[0] - 0.05
 
 
+def test_params_digest_is_the_global_value_whatever_the_mesh(run):
+    """Same seed, same parameters: one digest on the replicated mesh, the sharded one and the
+    host copy (the digest of a sharded array is of the whole array, not its first shard)."""
+    dp, fsdp = run["dp"]["digests"], run["fsdp"]["digests"]
+    assert fsdp["init"] == fsdp["init_on_host"] == dp["init"] == dp["init_on_host"]
+    assert len(dp["init"]) == 64
+
+
 def test_matmuls_run_in_bf16(run):
     assert run["matmul_dtypes"] == ["bfloat16"]

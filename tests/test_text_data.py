@@ -55,6 +55,24 @@ def test_bad_host_index_is_refused(tokenizer, corpus):
     all_windows = windows(encode(tokenizer, corpus), 64)
     with pytest.raises(ValueError, match=r"host: 2 is not valid; valid: 0..1"):
         HostShard(all_windows, 2, 2)
-    assert np.array_equal(
-        HostShard(all_windows, 0, 2).batch(0, 2), HostShard(all_windows, 0, 2).batch(0, 2)
-    )
+    with pytest.raises(ValueError, match=r"local_batch: 0 is not valid; valid: 1\.\."):
+        HostShard(all_windows, 0, 2).batch(0, 0)
+
+
+def test_a_step_batch_is_a_function_of_the_step(tokenizer, corpus):
+    """Resuming at step s reads exactly what an uninterrupted run reads from step s on, and
+    every epoch is a new order of the same windows."""
+    all_windows = windows(encode(tokenizer, corpus), 64)
+    shard = HostShard(all_windows, 1, 2, seed=7)
+    uninterrupted = list(shard.batches(0, 12, 4))
+    resumed = list(HostShard(all_windows, 1, 2, seed=7).batches(5, 12, 4))
+    assert len(uninterrupted) == 12 and all(b.shape == (4, 65) for b in uninterrupted)
+    for got, want in zip(resumed, uninterrupted[5:], strict=True):
+        assert np.array_equal(got, want)
+    assert np.array_equal(shard.batch(5, 4), uninterrupted[5])
+    per_epoch = len(shard.indices)
+    flat = np.concatenate([shard.batch(s, 1) for s in range(2 * per_epoch)])
+    first, second = flat[:per_epoch], flat[per_epoch:]
+    assert sorted(r.tobytes() for r in first) == sorted(r.tobytes() for r in second)
+    assert not np.array_equal(first, second), "each epoch is reshuffled"
+    assert not np.array_equal(shard.batch(0, 4), HostShard(all_windows, 1, 2, seed=8).batch(0, 4))

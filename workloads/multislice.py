@@ -98,10 +98,12 @@ def train_loop_sharded(
     import numpy as np
     from jax.experimental import multihost_utils
 
-    from workloads import sharding
+    from workloads import sharding, telemetry
     from workloads.checkpoint import open_checkpoints, restore_state, save_state
     from workloads.corpus import load_corpus
+    from workloads.model import params_digest
     from workloads.text_data import HostShard, encode, load_tokenizer, windows
+    from workloads.train_config import TrainConfig
 
     began = time.monotonic()
     run = config["train"]
@@ -127,17 +129,27 @@ def train_loop_sharded(
         else:  # Orbax reshards onto this mesh (e.g. saved on 1 slice, restored on 2)
             state = restore_state(manager, latest, sharding.abstract_state(model, mesh))
             resumed_from = int(latest)
+        meter = telemetry.TrainTelemetry.from_config(
+            config.get("telemetry"),
+            TrainConfig.from_dict(run),
+            model,
+            state.params,
+            flops_per_token=model.train_flops_per_token(),
+        )
         losses: list[float] = []
-        for step in range(resumed_from, run["steps"]):
-            local = shard.batch(step, local_batch)
+        batches = shard.batches(resumed_from, run["steps"], local_batch)
+        for step, local in zip(range(resumed_from, run["steps"]), batches, strict=True):
+            step_began = time.monotonic()
             batch = jax.make_array_from_process_local_data(sharding.batch_sharding(mesh), local)
             state, loss = step_fn(state, batch)
             losses.append(float(loss.addressable_data(0)))
             done = step + 1
+            meter.step(time.monotonic() - step_began, losses[-1])
             if process == 0:
                 logger.info("[train] step %d/%d loss %.4f", done, run["steps"], losses[-1])
             if done % run["checkpoint_every"] == 0 or done == run["steps"]:
-                save_state(manager, done, state, model)
+                with meter.checkpoint("save"):
+                    save_state(manager, done, state, model)
         manager.wait_until_finished()
         slice_ids = multihost_utils.process_allgather(
             np.array([int(env["MEGASCALE_SLICE_ID"] or 0)], np.int32)
@@ -154,7 +166,7 @@ def train_loop_sharded(
                 "device_count": jax.device_count(),
                 "local_device_count": jax.local_device_count(),
                 "latest_checkpoint": int(manager.latest_step() or 0),
-                "params_digest": "",
+                "params_digest": params_digest(state.params),
                 "seconds": time.monotonic() - began,
                 "scale": {
                     "preset": model.name,

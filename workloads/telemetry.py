@@ -171,19 +171,28 @@ class TrainTelemetry:
         tokens_per_step: int,
         params: int,
         enabled: bool = True,
+        flops_per_token: float | None = None,
     ) -> None:
         self.labels = labels
         self.enabled = enabled
         self.tokens_per_step = tokens_per_step
-        # 6 FLOPs per parameter per token (forward + backward) over the peak of every chip.
-        self._flops_per_step = 6.0 * params * tokens_per_step
+        # The model's training FLOPs per token (a preset counts its attention too), else 6 per
+        # parameter (forward + backward); over the peak of every chip.
+        per_token = flops_per_token if flops_per_token is not None else 6.0 * params
+        self._flops_per_step = per_token * tokens_per_step
         self._peak_flops = chips * peak_bf16_tflops * 1e12
 
     @classmethod
     def from_config(
-        cls, config: dict[str, Any] | None, run: Any, model: Any, params: Any
+        cls,
+        config: dict[str, Any] | None,
+        run: Any,
+        model: Any,
+        params: Any,
+        flops_per_token: float | None = None,
     ) -> TrainTelemetry:
-        """In a worker: from :func:`worker_config`, the TrainConfig, ModelConfig and params."""
+        """In a worker: from :func:`worker_config`, the TrainConfig, the model's config (its
+        ``seq_len``) and params."""
         import jax
 
         config = config or {}
@@ -196,6 +205,7 @@ class TrainTelemetry:
             tokens_per_step=int(run.global_batch) * int(model.seq_len),
             params=sum(int(leaf.size) for leaf in jax.tree.leaves(params)),
             enabled=bool(config) and jax.process_index() == 0,
+            flops_per_token=flops_per_token,
         )
 
     def step(self, seconds: float, loss: float) -> None:
