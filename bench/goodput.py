@@ -3,16 +3,22 @@
 Each run trains the byte-level LM (:mod:`workloads.train`) on a local slice cluster of one v6e 2x4
 slice on two 4-chip hosts, checkpoints on the GCS emulator (durable tier, every
 ``--checkpoint-every`` steps) and each host's disk (fast tier, every ``--fast-every``), with one
-fault from :mod:`workloads.faults` at ``--at`` (on host 1, a slow host on host 0):
+fault from :mod:`workloads.faults` at ``--at`` (on host 1, a slow host on host 0). The
+``preempt`` run is longer (``--preempt-steps``): host 1's node is drained for preemption with
+``--preempt-grace`` seconds to its deadline, as GKE's SIGTERM does, and must still be training
+when the deadline comes; the simulated node pool then kills the host and starts a new one.
 
 - **goodput** = productive step time (the steps in the final state, each counted once) / the
   run's wall time (capacity checks, worker start-up, compilation, restores and redone steps are
   the rest);
 - **recovery** = seconds from a failed attempt until the next attempt finished a step (the
   :class:`workloads.goodput.GoodputEvent` duration), for the classes that restart;
-- **lost steps** = steps run again after the restart (the fault's step minus the restored step).
+- **redone steps** = steps trained more than once (:attr:`TrainResult.redone_steps`: back to
+  the restored checkpoint after a restart, a rollback, or what a preempted host trained after its
+  emergency checkpoint).
 
     python -m bench.goodput [--steps 30] [--at 17] [--fast-every 5] [--checkpoint-every 20]
+                            [--preempt-steps 200] [--preempt-grace 25]
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from raytpu import catalog
 
 BUCKET = "raytpu-bench-goodput"
 MODEL = {"d_model": 64, "n_heads": 2, "n_layers": 2, "d_ff": 128, "seq_len": 64}
-SCENARIOS = ("none", "kill-host", "hang", "spike", "slow-host")
+SCENARIOS = ("none", "kill-host", "hang", "spike", "slow-host", "preempt")
+"""``preempt`` last: its host is replaced, which the runs after it would wait for."""
 
 
 def fault_for(scenario: str, at: int) -> tuple[str, ...]:
@@ -41,7 +48,13 @@ def fault_for(scenario: str, at: int) -> tuple[str, ...]:
 
 
 def run(
-    steps: int, at: int, fast_every: int, checkpoint_every: int, hang_floor_s: float
+    steps: int,
+    at: int,
+    fast_every: int,
+    checkpoint_every: int,
+    hang_floor_s: float,
+    preempt_steps: int,
+    preempt_grace_s: float,
 ) -> dict[str, Any]:
     from raytpu_cli.common import SliceChoice
     from workloads.gcs_emulator import GcsEmulator
@@ -58,9 +71,10 @@ def run(
     ):
         for scenario in SCENARIOS:
             _common.progress(f"goodput run: {scenario}")
+            preempt = scenario == "preempt"
             config = TrainConfig(
                 checkpoint_dir=f"gs://{BUCKET}/{scenario}",
-                steps=steps,
+                steps=preempt_steps if preempt else steps,
                 global_batch=16,
                 checkpoint_every=checkpoint_every,
                 log_every=10,
@@ -68,6 +82,7 @@ def run(
                 goodput=GoodputConfig(
                     fast_every=fast_every,
                     hang_floor_s=hang_floor_s,
+                    preempt_grace_s=preempt_grace_s,
                     faults=fault_for(scenario, at),
                     log_dir=str(Path(logs) / scenario),
                 ),
@@ -78,16 +93,14 @@ def run(
                 {
                     "scenario": scenario,
                     "faults": list(config.goodput.faults),
+                    "steps": config.steps,
                     "wallS": result.wall_s,
                     "goodput": result.goodput,
                     "attempts": result.attempts,
                     "restores": [list(r) for r in result.restores],
                     "events": [asdict(e) for e in result.events],
                     "recoveryS": sum(e.duration_s for e in restarts),
-                    "lostSteps": sum(
-                        e.step - step
-                        for e, (_, step) in zip(restarts, result.restores[1:], strict=False)
-                    ),
+                    "redoneSteps": result.redone_steps,
                     "finalStep": result.final_step,
                     "paramsDigest": result.params_digest,
                 }
@@ -100,6 +113,7 @@ def run(
         "fastEvery": fast_every,
         "checkpointEvery": checkpoint_every,
         "hangFloorS": hang_floor_s,
+        "preemptGraceS": preempt_grace_s,
         "model": MODEL,
         "clusterStartS": start_s,
         "runs": rows,
@@ -110,20 +124,21 @@ def print_report(result: dict[str, Any]) -> list[str]:
     rows = [
         (
             r["scenario"] if not r["faults"] else ", ".join(r["faults"]),
+            r["steps"],
             f"{r['wallS']:.1f} s",
             f"{r['goodput']:.0%}",
             r["attempts"],
             f"{r['recoveryS']:.1f} s" if r["recoveryS"] else "-",
-            r["lostSteps"] if r["attempts"] > 1 else "-",
+            r["redoneSteps"],
             ", ".join(f"{e['kind']}@{e['step']}: {e['action']}" for e in r["events"]) or "-",
         )
         for r in result["runs"]
     ]
     table = _common.print_table(
-        f"Goodput, {result['steps']} steps on v6e 2x4 (2 simulated hosts), fast tier every "
-        f"{result['fastEvery']}, durable every {result['checkpointEvery']}, hang floor "
-        f"{result['hangFloorS']:.0f} s",
-        ("fault", "wall", "goodput", "attempts", "recovery", "lost steps", "events"),
+        f"Goodput on v6e 2x4 (2 simulated hosts), fast tier every {result['fastEvery']}, "
+        f"durable every {result['checkpointEvery']}, hang floor {result['hangFloorS']:.0f} s, "
+        f"preemption grace {result['preemptGraceS']:.0f} s",
+        ("fault", "steps", "wall", "goodput", "attempts", "recovery", "redone steps", "events"),
         rows,
     )
     print(
@@ -139,10 +154,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fast-every", type=int, default=5)
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--hang-floor", type=float, default=10.0, help="seconds")
+    parser.add_argument(
+        "--preempt-steps", type=int, default=200, help="long enough to outlast the grace period"
+    )
+    parser.add_argument("--preempt-grace", type=float, default=25.0, help="seconds")
     args = parser.parse_args(argv)
     if not 0 < args.at < args.steps:
         parser.error(f"--at: {args.at!r} is not valid; valid: 1..{args.steps - 1}")
-    result = run(args.steps, args.at, args.fast_every, args.checkpoint_every, args.hang_floor)
+    if args.preempt_steps <= args.at:
+        parser.error(
+            f"--preempt-steps: {args.preempt_steps!r} is not valid; valid: > --at ({args.at})"
+        )
+    result = run(
+        args.steps,
+        args.at,
+        args.fast_every,
+        args.checkpoint_every,
+        args.hang_floor,
+        args.preempt_steps,
+        args.preempt_grace,
+    )
     print_report(result)
     print(_common.machine_line())
     _common.write_results("goodput", result)

@@ -5,13 +5,15 @@ host's own working dir (fast tier). The faulty run, checked event by event:
 
 - ``kill-host@8:1``: host 1 loses its disk and its worker dies -> attempt 2 restores the fast
   tier's step 5 (host 1 gets it from host 0), 3 steps lost (< ``fast_every``);
-- ``spike@12``: a corrupt batch at step 12 -> a loss spike, its update skipped (policy ``skip``);
+- ``spike@12``: a corrupt batch at step 12 -> a loss spike; policy ``rollback``: both hosts go
+  back to the fast tier's step 10 and train on without batch 12 (the left-out batch outlives the
+  restart that follows);
 - ``hang@17:1``: host 1 stops -> every worker's watchdog fires within its bound, stacks dumped,
   attempt 3 restores the fast tier's step 15;
 - ``slow-host@19:0``: host 0 slows down from step 19 -> flagged, naming host 0.
 
-The clean run has the same spike (the same data is skipped) and nothing else: both must end with
-the same parameters, bit for bit.
+The clean run has the same spike (the same rollback, the same batch left out) and nothing else:
+both must end with the same parameters, bit for bit.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ HANG_FLOOR_S = 6.0
 GOODPUT = dict(
     fast_every=5, hang_floor_s=HANG_FLOOR_S, startup_timeout_s=120.0, slow_fraction=0.6,
     slow_steps=3, slow_min_excess_s=0.3, spike_k=8.0, spike_window=6, spike_min_history=6,
+    spike_policy="rollback",
 )  # fmt: skip
 
 
@@ -93,9 +96,13 @@ def _host(result, process_index: int) -> str:
     return f"{placement.slice_name}/{placement.tpu_worker_id}"
 
 
-def test_clean_run_skips_the_spike_and_nothing_else(runs):
+ROLLBACK = ("loss_spike", 12, "rollback to step 10")
+
+
+def test_clean_run_rolls_back_at_the_spike_and_nothing_else(runs):
     clean, _, _ = runs
-    assert [(e.kind, e.step, e.action) for e in clean.events] == [("loss_spike", 12, "skip")]
+    assert [(e.kind, e.step, e.action) for e in clean.events] == [ROLLBACK]
+    assert clean.steps_run == STEPS + 2, "steps 10 and 11 trained again"
     assert (clean.attempts, clean.restores, clean.final_step) == (1, (("none", 0),), STEPS)
     assert 0 < clean.goodput <= 1
 
@@ -147,10 +154,10 @@ def test_slow_host_is_named(runs):
     assert slow.action.startswith("warned")
 
 
-def test_spike_is_detected_at_its_step_and_skipped(runs):
+def test_spike_is_detected_at_its_step_and_rolled_back(runs):
     _, faulty, _ = runs
     spike = faulty.events[1]
-    assert (spike.kind, spike.step, spike.action) == ("loss_spike", 12, "skip")
+    assert (spike.kind, spike.step, spike.action) == ROLLBACK
     assert "MAD" in spike.detail
 
 

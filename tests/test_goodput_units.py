@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -100,6 +101,11 @@ def test_injected_spike_batch_is_random_bytes_of_the_same_shape() -> None:
     assert len(set(spiked.ravel().tolist())) > 4
 
 
+FALLING = [round(3 + 2.6 * math.exp(-i / 5), 3) for i in range(16)]
+"""An early loss curve: 5.6 falling to 3.1 over 16 steps (the raw median + 8 x MAD of this
+window is 6.6: a corrupt batch at ~5 to 6 went unseen before the trend was taken out)."""
+
+
 @pytest.mark.parametrize(
     ("losses", "probe", "spike"),
     [
@@ -109,10 +115,14 @@ def test_injected_spike_batch_is_random_bytes_of_the_same_shape() -> None:
         ([2.0] * 6, 2.5, True),
         ([2.0] * 6, 2.1, False),
         ([1.95, 2.0, 1.98, 2.01, 1.97, 2.0], 2.15, False),
+        (FALLING, 5.0, True),
+        (FALLING, 1.04 * (3 + 2.6 * math.exp(-16 / 5)), False),
+        ([3.0, 2.8, 2.6, 2.5, 2.45, 2.42, 2.41, 2.40], 2.75, False),
     ],
     ids=[
         "spike", "noise", "too-little-history", "flat-window-spike", "flat-window-wobble",
-        "plateau-noise",
+        "plateau-noise", "early-spike-on-a-falling-loss", "falling-loss-noise",
+        "decelerating-loss",
     ],
 )  # fmt: skip
 def test_spike_is_k_mads_above_the_rolling_median(losses, probe, spike) -> None:

@@ -133,7 +133,17 @@ MAD_FLOOR = 0.025
 
 
 class SpikeDetector:
-    """Rolling median / MAD over the last ``window`` accepted losses."""
+    """Rolling median / MAD over the last ``window`` accepted losses, around their trend.
+
+    Early in a run the loss falls fast: the raw median and MAD of a window of falling losses sit
+    far above the next expected loss (a window of 16 falling from 5.6 to 3.3 put the limit above
+    the ~6 of a batch of random bytes, so an early corrupt batch went unseen). So a falling
+    trend is taken out first: the Theil-Sen slope (the median of every pair's slope, robust to
+    the spike-free noise and to one outlier; a rising trend is not extrapolated), the median and
+    MAD of the losses less that trend, and the expected next loss projected one step on, but
+    never below the lowest of the last three (a decelerating curve falls slower than the line
+    through its window). On a flat window this is the plain median / MAD.
+    """
 
     def __init__(
         self, k: float, window: int, min_history: int, history: Sequence[float] = ()
@@ -146,12 +156,18 @@ class SpikeDetector:
         """The loss above which a step is a spike; None until ``min_history`` losses."""
         if len(self.losses) < self.min_history:
             return None
-        median = statistics.median(self.losses)
-        mad = statistics.median(abs(x - median) for x in self.losses)
-        # A flat window has MAD ~0: a floor of 2.5 % of the median (k = 8: at least 20 % above
-        # it) keeps batch-to-batch noise from being a spike once the loss plateaus (1 % let a
-        # 200-step run of the tiny model flag three +8 % wobbles).
-        return median + self.k * max(mad, MAD_FLOOR * abs(median))
+        losses = list(self.losses)
+        n = len(losses)
+        slopes = [(losses[j] - losses[i]) / (j - i) for i in range(n) for j in range(i + 1, n)]
+        slope = min(0.0, statistics.median(slopes)) if slopes else 0.0
+        detrended = [x - slope * i for i, x in enumerate(losses)]
+        level = statistics.median(detrended)
+        mad = statistics.median(abs(x - level) for x in detrended)
+        expected = max(level + slope * n, min(losses[-3:]))
+        # A flat window has MAD ~0: a floor of 2.5 % of the expected loss (k = 8: at least 20 %
+        # above it) keeps batch-to-batch noise from being a spike once the loss plateaus (1 %
+        # let a 200-step run of the tiny model flag three +8 % wobbles).
+        return expected + self.k * max(mad, MAD_FLOOR * abs(expected))
 
     def is_spike(self, loss: float) -> bool:
         """Whether ``loss`` is a spike; a loss that is not enters the window."""

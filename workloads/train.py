@@ -321,6 +321,7 @@ def run_training(
         restores=restores,
         goodput=ratio,
         wall_s=wall,
+        redone_steps=int(progress["redone_steps"]),
         log_dir=str(log_dir),
         scale=dict(metrics.get("scale") or {}),
     )

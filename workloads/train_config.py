@@ -85,6 +85,9 @@ class TrainResult:
     goodput: float = 0.0
     """Productive step time (steps kept in the final state) over the run's wall time."""
     wall_s: float = 0.0
+    redone_steps: int = 0
+    """Steps trained more than once: after a restart (back to the restored checkpoint) or a
+    rollback, and those a preempted host trained after its emergency checkpoint."""
     log_dir: str = ""
     scale: dict[str, Any] = field(default_factory=dict)
     """A preset run's mesh, MEGASCALE_* and shard facts (:mod:`workloads.multislice`)."""
@@ -132,6 +135,7 @@ class RunBoard:
         self._restores: list[tuple[str, int]] = []
         self._step_s: dict[int, float] = {}
         self._last_step = 0
+        self._executed = 0
         self._attempt_began: float | None = None
         self._skip_data: list[int] = []
         self._stacks: dict[str, str] = {}
@@ -176,6 +180,7 @@ class RunBoard:
         """Worker 0 after each step: a step run again after a restart replaces its time."""
         self._step_s[done] = seconds
         self._last_step = done
+        self._executed += 1
         if self._attempt_began is None:
             self._attempt_began = wall
 
@@ -184,6 +189,7 @@ class RunBoard:
             "last_step": self._last_step,
             "first_step_wall": self._attempt_began,
             "productive_s": sum(self._step_s.values()),
+            "redone_steps": self._executed - len(self._step_s),
         }
 
     def skip_data(self, indices: list[int]) -> None:

@@ -144,7 +144,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 return restored, choice, list(meta.get("spike_window", ()))
             if choice.tier == "durable":
                 return restore_state(manager, choice.step, state), choice, []
-        return state, choice, []
+        # No checkpoint at or before ``at_most``: from the start (a rollback before the first
+        # save must not go on from the parameters it rolls back).
+        return init(jax.random.PRNGKey(run.seed)), choice, []
 
     try:
         phase["where"] = "restore"
