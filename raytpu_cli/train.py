@@ -66,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on a loss spike: log, skip (the batch) or rollback (default skip)",
     )
     parser.add_argument(
+        "--slow-policy",
+        default="warn",
+        help="on a slow host: warn, or restart (on a spare slice if one is free, the slow "
+        "host's slice held until the run ends; else warn) (default warn)",
+    )
+    parser.add_argument(
         "--inject",
         action="append",
         default=[],
@@ -101,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
             goodput=GoodputConfig(
                 max_restarts=args.max_restarts,
                 spike_policy=args.spike_policy,
+                slow_policy=args.slow_policy,
                 faults=tuple(str(f) for f in parse_faults(args.inject, field="--inject")),
             ),
         )

@@ -10,7 +10,8 @@ host's own working dir (fast tier). The faulty run, checked event by event:
   restart that follows);
 - ``hang@17:1``: host 1 stops -> every worker's watchdog fires within its bound, stacks dumped,
   attempt 3 restores the fast tier's step 15;
-- ``slow-host@19:0``: host 0 slows down from step 19 -> flagged, naming host 0.
+- ``slow-host@19:0``: host 0 slows down from step 19 -> flagged, naming host 0; policy
+  ``restart``, but no spare slice: a warning (the move itself: ``tests/test_multislice_ray.py``).
 
 The clean run has the same spike (the same rollback, the same batch left out) and nothing else:
 both must end with the same parameters, bit for bit.
@@ -87,7 +88,11 @@ def runs(cluster, logs):
 
     clean = run_training(V6E_2X4_4T, _config(logs, "clean", ("spike@12",)), name="clean")
     faults = ("kill-host@8:1", "spike@12", "hang@17:1", "slow-host@19:0")
-    faulty = run_training(V6E_2X4_4T, _config(logs, "faulty", faults), name="faulty")
+    faulty = run_training(
+        V6E_2X4_4T,
+        _config(logs, "faulty", faults, slow_policy="restart"),
+        name="faulty",
+    )
     return clean, faulty, cluster
 
 
@@ -147,11 +152,12 @@ def test_hang_is_detected_within_bound_with_every_workers_stacks(runs):
     assert all(" in on_hang" in text for text in dumps.values())
 
 
-def test_slow_host_is_named(runs):
+def test_slow_host_is_named_and_warned_with_no_spare_slice(runs):
     _, faulty, _ = runs
     slow = faulty.events[3]
     assert slow.host == _host(faulty, 0)
-    assert slow.action.startswith("warned")
+    assert slow.action == "warned (no spare slice to move to)"
+    assert "own time" in slow.detail
 
 
 def test_spike_is_detected_at_its_step_and_rolled_back(runs):

@@ -78,14 +78,30 @@ def test_plan_targets_one_host_spikes_every_host_and_fires_once() -> None:
     assert [str(f) for f in plan.at(4, 1, 2)] == ["kill-host@4"]
     assert plan.at(4, 0, 2) == [] and plan.at(2, 0, 2) == []  # a slow host is not a one-shot
     assert [str(f) for f in plan.at(6, 1, 2)] == ["spike@6:0"]
-    assert (plan.slow_from(1, 0, 2), plan.slow_from(9, 0, 2), plan.slow_from(9, 1, 2)) == (
-        False,
-        True,
-        False,
-    )
-    rest = plan.without(["kill-host@4"])
-    assert rest.to_config() == ["spike@6:0", "slow-host@2:0"]
+    rest = plan.without(["kill-host@4", "slow-host@2:0"])
+    assert rest.to_config() == ["spike@6:0", "slow-host@2:0"], "a slow host stays slow"
     assert FaultPlan.from_config(rest.to_config()) == rest
+
+
+@pytest.mark.parametrize(
+    ("step", "process", "host", "fired_on", "slow"),
+    [
+        (1, 0, "a/0", {}, False),
+        (9, 0, "a/0", {}, True),
+        (9, 1, "a/1", {}, False),
+        (9, 0, "b/0", {"slow-host@2:0": "a/0"}, False),
+        (9, 1, "a/0", {"slow-host@2:0": "a/0"}, True),
+    ],
+    ids=[
+        "before-its-step", "its-process", "other-process", "fired-elsewhere-new-process-0",
+        "fired-here-now-process-1",
+    ],
+)  # fmt: skip
+def test_slow_host_is_its_process_until_it_fired_then_its_host(
+    step: int, process: int, host: str, fired_on: dict[str, str], slow: bool
+) -> None:
+    plan = FaultPlan(parse_faults(["slow-host@2:0"]))
+    assert bool(plan.slow_at(step, process, 2, host, fired_on)) is slow
 
 
 def test_injected_spike_batch_is_random_bytes_of_the_same_shape() -> None:
@@ -262,11 +278,12 @@ def test_left_out_batches_shift_the_data_order(step, skipped, expected) -> None:
             {"spike_policy": "ignore"},
             "spike_policy: 'ignore' is not valid; valid: log, skip, rollback",
         ),
+        ({"slow_policy": "evict"}, "slow_policy: 'evict' is not valid; valid: warn, restart"),
         ({"max_restarts": -1}, "max_restarts: -1 is not valid"),
         ({"slow_fraction": 1.5}, "slow_fraction: 1.5 is not valid; valid: 0 < x < 1"),
         ({"faults": ("melt@3",)}, "train.goodput.faults: 'melt@3' is not valid"),
     ],
-    ids=["policy", "restarts", "fraction", "fault"],
+    ids=["policy", "slow-policy", "restarts", "fraction", "fault"],
 )
 def test_bad_goodput_config_names_field_and_valid_values(overrides, fragment) -> None:
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(")):
@@ -328,24 +345,25 @@ def test_goodput_bench_places_each_fault_and_prints_one_row_per_run(capsys) -> N
         ("hang@7:1",),
         ("spike@7:1",),
         ("slow-host@7:0",),
+        ("preempt@7:1",),
     ]
     event = {"kind": "host_loss", "step": 7, "action": "restart", "duration_s": 30.0}
     run = {"wallS": 90.0, "goodput": 0.25, "finalStep": 20, "paramsDigest": "x"}
     result = {
         "steps": 20, "fastEvery": 5, "checkpointEvery": 10, "hangFloorS": 10.0,
-        "clusterStartS": 12.0,
+        "preemptGraceS": 25.0, "clusterStartS": 12.0,
         "runs": [
-            {**run, "scenario": "none", "faults": [], "attempts": 1, "events": [],
-             "recoveryS": 0.0, "lostSteps": 0},
-            {**run, "scenario": "kill-host", "faults": ["kill-host@7:1"], "attempts": 2,
-             "events": [event], "recoveryS": 30.0, "lostSteps": 2},
+            {**run, "scenario": "none", "faults": [], "steps": 20, "attempts": 1, "events": [],
+             "recoveryS": 0.0, "redoneSteps": 0},
+            {**run, "scenario": "kill-host", "faults": ["kill-host@7:1"], "steps": 20,
+             "attempts": 2, "events": [event], "recoveryS": 30.0, "redoneSteps": 2},
         ],
     }  # fmt: skip
     bench.print_report(result)
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
-    assert ["none", "90.0", "s", "25%", "1", "-", "-", "-"] in rows
-    kill = ["kill-host@7:1", "90.0", "s", "25%", "2", "30.0", "s", "2", "host_loss@7:", "restart"]
-    assert kill in rows
+    assert ["none", "20", "90.0", "s", "25%", "1", "-", "0", "-"] in rows
+    kill = ["kill-host@7:1", "20", "90.0", "s", "25%", "2", "30.0", "s", "2", "host_loss@7:"]
+    assert [*kill, "restart"] in rows
 
 
 def test_fast_tier_round_trips_the_state_keeps_the_newest_and_skips_partial_files(tmp_path):

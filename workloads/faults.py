@@ -10,15 +10,17 @@ last host) does:
   sees it;
 - ``spike``: trains that step on a corrupt batch (uniform random bytes, a real loss spike; the
   spike affects every host since the loss is global, ``HOST`` is ignored);
-- ``slow-host``: from that step on, ``SLOW_HOST_DELAY_S`` (1 s) more per step on that host.
+- ``slow-host``: from that step on, ``SLOW_HOST_DELAY_S`` (1 s) more per step on that host. The
+  host stays slow: once the fault fired, it is keyed to the host it hit (``slice/worker``), not
+  to a process index, so after a restart it slows that host's new worker, and no other.
 - ``preempt``: a preemption notice for that host: its Ray node is drained with reason
   *preemption* and a deadline ``grace_s`` ahead, which is what ``ray start --block`` does when
   GKE sends the host's pod SIGTERM (Ray Train's preemption watcher then tells every worker, which
   saves an emergency checkpoint if it fits). The host goes away at the deadline; the local slice
   cluster then starts a new one in its place (:class:`workloads.local_cluster.LocalSliceCluster`).
 
-Each fault fires once per run: the driver passes only the faults not yet fired to a restarted
-attempt (:class:`FaultPlan`). Used by tests, ``bench/goodput.py`` and ``raytpu train --inject``.
+Each other fault fires once per run: the driver passes only the faults not yet fired to a
+restarted attempt (:class:`FaultPlan`). Used by tests, ``bench/goodput.py`` and ``raytpu train --inject``.
 The parsing is stdlib only; :meth:`FaultPlan.apply` runs in a worker.
 """
 
@@ -104,8 +106,11 @@ class FaultPlan:
         return cls(parse_faults(raw))
 
     def without(self, fired: Iterable[str]) -> FaultPlan:
+        """The plan less the faults that fired; a slow host stays (a condition, not an event)."""
         gone = set(fired)
-        return FaultPlan(tuple(f for f in self.faults if str(f) not in gone))
+        return FaultPlan(
+            tuple(f for f in self.faults if f.kind == "slow-host" or str(f) not in gone)
+        )
 
     def at(self, step: int, process_index: int, process_count: int) -> list[FaultSpec]:
         """The one-shot faults this host applies before ``step`` (a spike on every host); a slow
@@ -118,13 +123,28 @@ class FaultPlan:
             and (f.kind == "spike" or f.host_index(process_count) == process_index)
         ]
 
-    def slow_from(self, step: int, process_index: int, process_count: int) -> bool:
-        return any(
-            f.kind == "slow-host"
-            and f.step <= step
-            and f.host_index(process_count) == process_index
+    def slow_at(
+        self,
+        step: int,
+        process_index: int,
+        process_count: int,
+        host: str,
+        slow_hosts: dict[str, str],
+    ) -> list[FaultSpec]:
+        """The slow-host faults that slow this worker at ``step``: one that fired before
+        (``slow_hosts``: spec -> the host it hit) slows that host; one that has not, the
+        process it names."""
+        return [
+            f
             for f in self.faults
-        )
+            if f.kind == "slow-host"
+            and f.step <= step
+            and (
+                slow_hosts[str(f)] == host
+                if str(f) in slow_hosts
+                else f.host_index(process_count) == process_index
+            )
+        ]
 
     def apply(
         self,

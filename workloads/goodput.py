@@ -29,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 SPIKE_POLICIES = ("log", "skip", "rollback")
-SLOW_POLICIES = ("warn",)
+SLOW_POLICIES = ("warn", "restart")
 EVENT_KINDS = ("hang", "host_loss", "preemption", "loss_spike", "slow_host")
+MOVE_ACTION = "restart on a spare slice"
+"""A ``slow_host`` event's action when the attempt ends to leave the slow host's slice."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class GoodputConfig:
     slow_min_excess_s: float = 0.1
     """A step only counts as slow when it takes at least this much longer than the baseline."""
     slow_policy: str = "warn"
+    """``warn``: the slow host is named in an event. ``restart``: when a spare slice of the shape
+    is free, an emergency durable checkpoint, then the attempt restarts from it on another slice
+    while the slow host's slice is held (cordoned) until the run ends; with no spare, a warning."""
     preempt_check_every: int = 10
     """Steps between reads of Ray Train's preemption notice (``ray.train.get_preemption_info``,
     a round trip through Ray Train's collective); at 1 s a step, 10 s of a 30 s notice."""

@@ -4,7 +4,8 @@ After each attempt the driver reads the run's board (:class:`workloads.train_con
 the events the workers posted (loss spikes, slow hosts, hangs with their stack dumps), the
 injected faults that fired, the tier and step each attempt restored. A failed attempt becomes one
 event of class ``hang`` (a worker's watchdog said so), ``preemption`` or ``host_loss`` (a worker
-or its host went away), with the action taken; its ``duration_s`` is the recovery time, from
+or its host went away), or ``slow_host`` (policy ``restart``: the workers left a slow host's slice,
+which :attr:`EventBook.cordons` names for the driver to hold), with the action taken; its ``duration_s`` is the recovery time, from
 the failure until the next attempt finished its first step. ``events.jsonl`` and ``stacks/`` in
 the run's log dir hold the same. Ray is imported inside the methods.
 """
@@ -17,7 +18,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from workloads.goodput import GoodputEvent
+from workloads.goodput import MOVE_ACTION, GoodputEvent
 
 NOT_RESTARTABLE = ("runtime_nan", "bad_input")
 """Error classes a restart from a checkpoint would only repeat."""
@@ -27,6 +28,10 @@ class EventBook:
     def __init__(self) -> None:
         self.events: list[GoodputEvent] = []
         self.fired: list[str] = []
+        self.cordons: list[str] = []
+        """Slices a slow host was found on (policy ``restart``): held until the run ends."""
+        self.slow_hosts: dict[str, str] = {}
+        """Injected slow-host faults that fired: spec -> the host (``slice/worker``) they hit."""
         self.stack_files: list[str] = []
         self._seen_events = 0
         self._seen_fired = 0
@@ -42,15 +47,23 @@ class EventBook:
         progress, worker_events, fired = self._read(board)
         hangs = [e for e in worker_events if e["kind"] == "hang"]
         preempted = [e for e in worker_events if e["kind"] == "preemption"]
+        moves = [
+            e for e in worker_events if e["kind"] == "slow_host" and e["action"] == MOVE_ACTION
+        ]
         self.events.extend(
-            GoodputEvent(**e) for e in worker_events if e["kind"] not in ("hang", "preemption")
+            GoodputEvent(**e)
+            for e in worker_events
+            if e["kind"] not in ("hang", "preemption") and e not in moves
         )
         stacks = self._save_stacks(board, log_dir)
         error_class = errors.classify(error).label
         kind: str | None
         lost = [f for f in fired if f["kind"] in ("kill-host", "preempt")]
         culprits = sorted({h["host"] for h in hangs if h["host"]})
-        if error_class in NOT_RESTARTABLE:
+        if moves:
+            move = moves[-1]
+            kind, step, host, detail = "slow_host", int(move["step"]), move["host"], move["detail"]
+        elif error_class in NOT_RESTARTABLE:
             kind, step, host, detail = None, progress["last_step"], "", error_class
         elif preempted or lost:
             # First: a host that went away leaves its peers waiting in a collective, and their
@@ -70,7 +83,11 @@ class EventBook:
             kind, step, host = "host_loss", int(progress["last_step"]), ""
             detail = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         restart = kind is not None and may_restart
-        if restart:
+        if restart and moves:
+            slice_name = host.split("/")[0]
+            self.cordons.append(slice_name)
+            action = f"{MOVE_ACTION}, slice {slice_name} held until the run ends"
+        elif restart:
             action = "restart from the newest checkpoint"
         elif kind is None:
             action = f"fail ({error_class}: a restart would repeat it)"
@@ -105,6 +122,7 @@ class EventBook:
         fired = ray.get(board.fired_faults.remote(), timeout=30)[self._seen_fired :]
         self._seen_fired += len(fired)
         self.fired.extend(f["spec"] for f in fired)
+        self.slow_hosts.update({f["spec"]: f["host"] for f in fired if f["kind"] == "slow-host"})
         return progress, worker_events, fired
 
     def _save_stacks(self, board: Any, log_dir: Path) -> list[str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,6 +224,7 @@ def reserve_slices(
     tpu_per_bundle: int | None = None,
     cpus_per_bundle: float = 1.0,
     name: str = "",
+    only: Sequence[str] = (),
 ) -> Iterator[SliceReservation]:
     """Reserve ``num_slices`` whole slices of ``shape`` atomically; release them on exit.
 
@@ -235,7 +236,8 @@ def reserve_slices(
     placement group to read the name (``bench.reservation`` measures both).
 
     ``tpu_per_bundle`` defaults to the shape's chips per host (one bundle per host); a larger
-    value models workers sized for bigger hosts and fails with a reason. Waits at most about
+    value models workers sized for bigger hosts and fails with a reason. ``only``: slice names
+    (``TPU_NAME``) to choose among, e.g. to hold (cordon) one named slice. Waits at most about
     ``timeout_s`` in all. Raises :class:`SliceReservationError` (holding nothing) when no free
     slice exists, a slice lacks a host, or the bundles cannot be placed in time.
     """
@@ -261,13 +263,14 @@ def reserve_slices(
                 f"valid: a divisor of {shape.chips}",
                 errors.MISSIZED_REQUEST,
             )
+        among = {LABEL_SLICE_NAME: f"in({','.join(only)})"} if only else {}
         names: tuple[str, ...] = ()
         if shape.multi_host:
-            names = _claim_heads(shape, num_slices, timeout_s, began, name, held)
+            names = _claim_heads(shape, num_slices, timeout_s, began, name, held, among)
         bundles_per_slice = shape.workers(tpu)
         selectors = []
         for index in range(num_slices):
-            selector = {LABEL_POD_TYPE: shape.pod_type, LABEL_TOPOLOGY: shape.topology}
+            selector = {LABEL_POD_TYPE: shape.pod_type, LABEL_TOPOLOGY: shape.topology, **among}
             if names:
                 selector[LABEL_SLICE_NAME] = names[index]
             selectors += [dict(selector) for _ in range(bundles_per_slice)]
@@ -345,8 +348,10 @@ def _claim_heads(
     began: float,
     name: str,
     held: list[Any],
+    among: dict[str, str],
 ) -> tuple[str, ...]:
-    """Claim ``num_slices`` head resources at once; return the claimed slices' names.
+    """Claim ``num_slices`` head resources at once (on slices matching ``among``, a label
+    selector); return the claimed slices' names.
 
     Appends every head placement group to ``held`` as soon as it exists, so the caller releases
     them all (claimed or pending) on any error: all or nothing.
@@ -359,7 +364,9 @@ def _claim_heads(
         heads.append(
             placement_group(
                 [{shape.ray_head_resource: 1.0}],
-                bundle_label_selector=[{LABEL_WORKER_ID: "0", LABEL_POD_TYPE: shape.pod_type}],
+                bundle_label_selector=[
+                    {LABEL_WORKER_ID: "0", LABEL_POD_TYPE: shape.pod_type, **among}
+                ],
                 name=f"{name}-head-{index}" if name else "",
             )
         )
@@ -432,11 +439,15 @@ def ray_native_reservation(
         spg.shutdown()
 
 
-def free_slice_count(shape: SliceShape) -> int:
-    """Idle, intact slices of ``shape`` in the connected cluster right now."""
-    from ray.util.tpu import get_num_ready_tpu_slices
-
-    return int(get_num_ready_tpu_slices(shape.topology, shape.ray_accelerator_type))
+def spare_slice_exists(shape: SliceShape, timeout_s: float = 2.0) -> bool:
+    """Whether one more whole slice of ``shape`` is free right now: reserved for an instant
+    (:func:`reserve_slices`) and released. Not Ray's ``get_num_ready_tpu_slices``: on the
+    simulated cluster it counted a free slice while a run held the only one."""
+    try:
+        with reserve_slices(shape, 1, timeout_s=timeout_s, name="raytpu-spare-check"):
+            return True
+    except SliceReservationError:
+        return False
 
 
 def ray_splits_slice(shape: SliceShape) -> bool:

@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +225,7 @@ def run_training(
     book = EventBook()
     waits: list[float | None] = []
     began = time.time()
-    with _run_board(on_progress) as board:
+    with _run_board(on_progress) as board, ExitStack() as cordoned:
         for attempt in range(run.goodput.max_restarts + 1):
             checked_slices, placement_wait = _capacity_check(
                 shape, num_slices, tpu, reserve_timeout_s, num_workers
@@ -246,6 +246,8 @@ def run_training(
                     "telemetry": telemetry.worker_config(shape, num_slices),
                     "faults": plan.to_config(),
                     "skip_data": ray.get(board.skipped_data.remote(), timeout=30),
+                    "slow_hosts": dict(book.slow_hosts),
+                    "shape": shape,
                     "run_name": name,
                     "scale": scale_payload,
                 },
@@ -279,8 +281,11 @@ def run_training(
                 ) from error
             except ray.train.TrainingFailedError as error:
                 telemetry.error("train", error, telemetry.labels_for(shape))
+                held = len(book.cordons)
                 restartable = book.failed(board, error, log_dir, attempt < run.goodput.max_restarts)
                 plan = plan.without(book.fired)
+                for slice_name in book.cordons[held:]:
+                    _cordon(cordoned, shape, slice_name, reserve_timeout_s)
                 book.write(log_dir)
                 if not restartable:
                     raise TrainingError(
@@ -325,6 +330,19 @@ def run_training(
         log_dir=str(log_dir),
         scale=dict(metrics.get("scale") or {}),
     )
+
+
+def _cordon(stack: ExitStack, shape: SliceShape, slice_name: str, timeout_s: float) -> None:
+    """Hold every host of ``slice_name`` (a slow host's slice) until ``stack`` closes, so that
+    neither the capacity check nor JaxTrainer's own reservation lands on it again."""
+    from workloads.reservation import SliceReservationError, reserve_slices
+
+    try:
+        stack.enter_context(
+            reserve_slices(shape, only=(slice_name,), timeout_s=timeout_s, name="raytpu-cordon")
+        )
+    except SliceReservationError as error:
+        logger.warning("slice %s not held (%s): the next attempt may use it", slice_name, error)
 
 
 def _capacity_check(

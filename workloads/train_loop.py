@@ -8,6 +8,9 @@ every host's own time gathered by a collective), so every host takes the same de
   dropped, its batch is not trained on); ``rollback`` (back to the newest checkpoint of either
   tier, the offending batch left out from then on);
 - slow host (:class:`workloads.goodput.SlowHostDetector`): named in an event (policy ``warn``);
+  policy ``restart``: every host acts on rank 0's detector; when a spare slice is free, an
+  emergency durable checkpoint, the event, and every worker raises :class:`SlowHostMove` (the
+  driver holds the slow slice and restarts on another);
 - hang (:class:`workloads.goodput.Watchdog`): stacks dumped, the worker ends, the driver restarts;
 - fast tier every ``goodput.fast_every`` steps, durable tier every ``checkpoint_every``
   (:mod:`workloads.tiers`);
@@ -73,6 +76,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     good = run.goodput
     plan = FaultPlan.from_config(config.get("faults", ()))
     skipped: list[int] = list(config.get("skip_data", ()))
+    slow_hosts: dict[str, str] = dict(config.get("slow_hosts") or {})
     cfg = m.ModelConfig.from_dict(run.model)
     mesh = Mesh(np.array(jax.devices()), ("data",))
     data_sharding = NamedSharding(mesh, P("data"))
@@ -175,7 +179,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     announce=lambda f: _announce(board, f, host_name),
                     grace_s=good.preempt_grace_s,
                 )
-            if plan.slow_from(step, me, hosts):
+            for fault in plan.slow_at(step, me, hosts, host_name, slow_hosts):
+                if str(fault) not in slow_hosts:  # it fires: from now on it is this host's
+                    _announce(board, fault, host_name)
+                    slow_hosts[str(fault)] = host_name
                 time.sleep(_slow_delay())
             own_s = time.monotonic() - step_began
             phase["where"] = "collective"
@@ -188,7 +195,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             telemetry.check_loss(step + 1, loss_value)
             if spikes.is_spike(loss_value):
                 limit = spikes.threshold() or 0.0
-                detail = f"loss {loss_value:.3f} > {limit:.3f} (median + {good.spike_k} x MAD)"
+                detail = f"loss {loss_value:.3f} > {limit:.3f} (trend + {good.spike_k} x MAD)"
                 if good.spike_policy == "rollback":
                     skipped.append(data_index(step, skipped))
                     board.skip_data.remote(skipped)
@@ -210,13 +217,32 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             done = step + 1
             watchdog.beat(done, seconds)
             flagged = slow.observe(seconds, [float(x) for x in host_s])
-            if flagged is not None and me == flagged:
-                baseline = slow.baseline or 0.0
-                event(
-                    "slow_host", done, host_name, "warned (no spare slice to move to)",
-                    f"step {seconds:.2f} s vs baseline {baseline:.2f} s; own time "
-                    f"{host_s[flagged]:.2f} s of {' '.join(f'{x:.2f}' for x in host_s)}",
-                )  # fmt: skip
+            moving = good.slow_policy == "restart"
+            if moving:  # every host acts on rank 0's view: the move is collective
+                flagged = _from_rank0(flagged)
+            if flagged is not None:
+                detail = (
+                    f"step {seconds:.2f} s vs baseline {slow.baseline or 0.0:.2f} s; own time "
+                    f"{host_s[flagged]:.2f} s of {' '.join(f'{x:.2f}' for x in host_s)}"
+                )
+                if moving and _spare_slice(config["shape"], me):
+                    phase["where"] = "checkpoint"
+                    watchdog.expect(good.checkpoint_timeout_s)
+                    with meter.checkpoint("save"):  # the new slice has no fast tier of ours
+                        save_state(manager, done, state, cfg)
+                        manager.wait_until_finished()
+                    if me == 0:
+                        board.step.remote(done, seconds, time.time())
+                    if me == flagged:
+                        event("slow_host", done, host_name, gp.MOVE_ACTION, detail, wait=True)
+                    multihost_utils.sync_global_devices("raytpu-slow-host-move")
+                    raise SlowHostMove(
+                        f"host of process {flagged} is slow at step {done}: {detail}"
+                    )
+                if me == flagged:
+                    event(
+                        "slow_host", done, host_name, "warned (no spare slice to move to)", detail
+                    )
             if me == 0:
                 board.step.remote(done, seconds, time.time())
             if show_progress:
@@ -294,6 +320,32 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     finally:
         watchdog.stop()
         manager.close()
+
+
+class SlowHostMove(RuntimeError):
+    """Raised by every worker to end an attempt whose slow host's slice the driver leaves."""
+
+
+def _from_rank0(flagged: int | None) -> int | None:
+    """Rank 0's flagged host (a collective: every host calls it each step)."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    value = np.asarray(-1 if flagged is None else flagged, np.int32)
+    agreed = int(multihost_utils.broadcast_one_to_all(value))
+    return None if agreed < 0 else agreed
+
+
+def _spare_slice(shape: Any, me: int) -> bool:
+    """Whether a whole slice of ``shape`` is free besides the run's (rank 0 tries to reserve one;
+    every host gets its answer)."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    from workloads.reservation import spare_slice_exists
+
+    spare = spare_slice_exists(shape) if me == 0 else False
+    return bool(multihost_utils.broadcast_one_to_all(np.asarray(spare)))
 
 
 def _slow_delay() -> float:
