@@ -6,11 +6,15 @@ stub as the fallback.
 - a second replica hits a prefix the first cached (through the shared tier), and a hit skips
   prefill (fewer prefilled tokens, hit counters);
 - fallback engages when the TPU replicas are past their queue bound and disengages after;
-  a fallback that answers 429 gets bounded retries and the client a 429 with Retry-After.
+  a fallback that answers 429 gets bounded retries and the client a 429 with Retry-After;
+- last (it kills the replicas): with both TPU replicas dead and no free chips for new ones,
+  requests go to the fallback (after one waits ``tpu_timeout_s``, the router's breaker sends
+  them straight there), and back to the TPU once the chips are free and Serve replaced them.
 """
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -28,6 +32,10 @@ SYSTEM = (
     "You are the station's assistant. Answer in one short sentence, politely, in English, "
     "and never invent a timetable. "
 ) * 6  # 702 bytes: 43 full blocks of 16
+
+
+TPU_TIMEOUT_S = 10.0
+PROBE_AFTER_S = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +67,9 @@ def served(checkpoint, stub):
     from workloads import serve as serving
     from workloads.fallback import FallbackConfig
 
-    fallback = FallbackConfig("openai", stub.url, "stub", timeout_s=5, backoff_s=0.05)
+    fallback = FallbackConfig(
+        "openai", stub.url, "stub", timeout_s=5, backoff_s=0.05, probe_after_s=PROBE_AFTER_S
+    )
     with LocalSliceCluster([SliceChoice("serve", V6E_2X2, 1)]):
         app = serving.build_app(
             checkpoint,
@@ -69,7 +79,7 @@ def served(checkpoint, stub):
             # Batches of at most 2 (one bucket to compile), 1 request in flight per replica.
             options=serving.ServeOptions(max_batch_size=2, max_queue=1),
             fallback=fallback,
-            tpu_timeout_s=60,
+            tpu_timeout_s=TPU_TIMEOUT_S,
         )
         handle = serving.deploy(app, port=free_port(), timeout_s=300)
         try:
@@ -155,7 +165,10 @@ def test_fallback_engages_past_the_queue_bound_and_disengages_after(served, stub
     assert "fallback-openai" in served_by and "tpu" in served_by, served_by
     texts = [b["choices"][0]["text"] for _, b, h in burst if h["x-raytpu-served-by"] != "tpu"]
     assert set(texts) == {COMPLETION}
-    status, _, headers = ask(0)  # alone again: back on the TPU replicas
+    # Alone again: back on the TPU replicas (after PROBE_AFTER_S, in case a request of the burst
+    # found the TPU deployment unreachable under load and opened the breaker).
+    time.sleep(PROBE_AFTER_S)
+    status, _, headers = ask(0)
     assert status == 200 and headers["x-raytpu-served-by"] == "tpu"
 
     stub.mode, stub.calls = "429", 0
@@ -169,3 +182,64 @@ def test_fallback_engages_past_the_queue_bound_and_disengages_after(served, stub
     assert all(h["retry-after"] == "3" for _, _, h in refused)
     assert all("RTPU-U01" in b["error"]["message"] for _, b, _ in refused)
     assert stub.calls == 3 * len(refused)  # max_attempts 3 per refused request, no more
+
+
+def test_fallback_while_the_tpu_replicas_are_dead_and_back_to_them_once_replaced(served, stub):
+    """Both TPU replicas die and their host's chips are taken at once (a reservation that was
+    waiting for them: no free slice for the replacements), so the TPU deployment is down until
+    the chips are free again; Serve then replaces the replicas."""
+    import threading
+
+    import ray
+    from ray import serve
+
+    from workloads.reservation import reserve_slices
+
+    stub.mode = "ok"
+    body = {"model": MODEL, "prompt": "Where did the train go", "max_tokens": 8}
+    url = served.url + "/v1/completions"
+    replicas = [  # Serve's replica actors are named SERVE_REPLICA::APP#DEPLOYMENT#ID
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == "serve" and f"::{served.name}#TextGenerator#" in a["name"]
+    ]
+    assert len(replicas) == 2, replicas
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_host():
+        with reserve_slices(V6E_2X2, timeout_s=120, name="test-no-free-slice"):
+            held.set()
+            release.wait(300)
+
+    holder = threading.Thread(target=hold_the_host, daemon=True)
+    holder.start()
+    time.sleep(1.0)  # the reservation waits: the replicas hold the host's chips
+    assert not held.is_set()
+    for name in replicas:  # both TPU replicas die, as with the serving host's loss
+        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    try:
+        assert held.wait(60), "the host's chips were not freed"
+        status, _, headers = post(url, body)  # waits tpu_timeout_s, then the fallback
+        assert status == 200 and headers["x-raytpu-served-by"] == "fallback-openai"
+        router = serve.get_app_handle(served.name)
+        assert router.stats.remote().result(timeout_s=30)["breaker_opened"] >= 1
+        began = time.monotonic()
+        for _ in range(3):  # the breaker is open: no request waits for the dead replicas
+            status, _, headers = post(url, body)
+            assert status == 200 and headers["x-raytpu-served-by"] == "fallback-openai"
+        assert time.monotonic() - began < TPU_TIMEOUT_S
+    finally:
+        release.set()
+        holder.join(60)
+
+    deadline = time.monotonic() + 300  # Serve places new replicas: JAX, checkpoint, compile
+    served_by = []
+    while not served_by or served_by[-1] != "tpu":
+        assert time.monotonic() < deadline, served_by
+        status, _, headers = post(url, body)
+        assert status == 200, headers
+        served_by.append(headers["x-raytpu-served-by"])
+        time.sleep(PROBE_AFTER_S / 2)
+    status, _, headers = post(url, body)  # the breaker closed: the TPU replicas again
+    assert status == 200 and headers["x-raytpu-served-by"] == "tpu"
+    assert router.stats.remote().result(timeout_s=30)["tpu_down"] is False

@@ -1,5 +1,10 @@
-"""Serving over real HTTP on a one-host simulated serving slice: one poisoned request among good
-ones answers alone; the others come back 200 from one batch."""
+"""Serving over real HTTP on a one-host simulated serving slice, behind the router with a CPU
+replica of the same model as the fallback (``FallbackConfig("deployment")``):
+
+- one poisoned request among good ones answers alone; the others come back 200 from one batch;
+- the TPU replica drained (503 to every request): the CPU replica answers, and once the TPU
+  replica takes requests again they are back on it.
+"""
 
 from __future__ import annotations
 
@@ -44,6 +49,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def serving(checkpoint):
     from workloads import serve as serving_module
+    from workloads.fallback import FallbackConfig
 
     with LocalSliceCluster([SliceChoice("serve", V6E_2X2, 1)]):
         handle = serving_module.deploy(
@@ -53,6 +59,7 @@ def serving(checkpoint):
                 options=serving_module.ServeOptions(
                     batch_wait_s=BATCH_WAIT_S, adaptive=False, max_batch_size=4, precompile=False
                 ),
+                fallback=FallbackConfig("deployment"),
             ),
             port=free_port(),
             timeout_s=240,
@@ -90,3 +97,28 @@ def test_one_poisoned_request_among_three_good_ones(serving, poison, status, fra
     assert [r.body["batch_size"] for r in ok] == [3, 3, 3]
     assert [r.body["prompt"] for r in ok] == ["The old teacher", "Where did", "In the morning"]
     assert all(1 <= len(r.body["completion"]) <= 4 for r in ok)
+
+
+def test_a_drained_tpu_replica_falls_back_to_the_cpu_replica_and_back(serving):
+    from ray import serve
+
+    tpu = serve.get_deployment_handle("TextGenerator", serving.name)
+    body = json.dumps({"prompt": "The old teacher", "max_new_tokens": 4}).encode()
+
+    def ask():
+        import requests
+
+        reply = requests.post(serving.url, data=body, timeout=120)
+        return reply.status_code, reply.headers.get("x-raytpu-served-by"), reply.json()
+
+    assert tpu.drain.remote(True).result(timeout_s=30)
+    try:
+        status, served_by, reply = ask()
+        assert (status, served_by) == (200, "fallback-cpu"), reply
+        assert 1 <= len(reply["completion"]) <= 4
+    finally:
+        assert tpu.drain.remote(False).result(timeout_s=30) is False
+    status, served_by, reply = ask()
+    assert (status, served_by) == (200, "tpu"), reply
+    router = serve.get_app_handle(serving.name)
+    assert router.stats.remote().result(timeout_s=30)["fallbacks"] == 1

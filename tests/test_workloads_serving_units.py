@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -289,21 +290,36 @@ class _Request:
         yield self._body
 
 
-def test_router_falls_back_while_the_tpu_deployment_is_unavailable_and_returns_after(upstream):
-    from ray.serve.exceptions import DeploymentUnavailableError
+@pytest.mark.parametrize(
+    ("failure", "opens"),
+    [("unavailable", True), ("actor-died", True), ("back-pressure", False)],
+    ids=["unavailable-opens-the-breaker", "dead-replica-opens-it", "busy-does-not"],
+)
+def test_router_falls_back_while_the_tpu_deployment_is_unavailable_and_returns_after(
+    upstream, failure, opens
+):
+    from ray.exceptions import RayActorError
+    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
     from workloads.serve_http import Head
     from workloads.serve_router import Router
 
+    errors = {
+        "unavailable": lambda: DeploymentUnavailableError("tg"),
+        "actor-died": lambda: RayActorError(),
+        "back-pressure": lambda: BackPressureError(num_queued_requests=1, max_queued_requests=1),
+    }
     url, seen, _ = upstream
     state = {"up": True}
     ok = Head(200, headers={"X-Raytpu-Served-By": "tpu"})
 
     def tpu_reply():
-        return [ok, b'{"completion": "tpu"}'] if state["up"] else DeploymentUnavailableError("tg")
+        return [ok, b'{"completion": "tpu"}'] if state["up"] else errors[failure]()
 
     tpu = _Handle(tpu_reply)
-    fallback = FallbackConfig("openai", url, "upstream-model", timeout_s=5, backoff_s=0)
+    fallback = FallbackConfig(
+        "openai", url, "upstream-model", timeout_s=5, backoff_s=0, probe_after_s=0.5
+    )
     router = Router.func_or_class(tpu, fallback, None, MODEL, 5.0)
     body = {"prompt": "hello", "max_new_tokens": 4}
 
@@ -316,8 +332,14 @@ def test_router_falls_back_while_the_tpu_deployment_is_unavailable_and_returns_a
     status, served_by, raw = ask()
     assert (status, served_by) == (200, "fallback-openai")
     assert json.loads(raw)["completion"] == "stub says hi" and len(seen) == 1
+    assert router.stats()["tpu_down"] is opens
     state["up"] = True
-    assert ask()[:2] == (200, "tpu") and len(seen) == 1 and tpu.calls == 3
+    # Open: straight to the fallback, the TPU deployment not asked; busy: asked again at once.
+    assert ask()[1] == ("fallback-openai" if opens else "tpu")
+    assert tpu.calls == (2 if opens else 3)
+    time.sleep(0.6)  # past probe_after_s: the next request probes, and the breaker closes
+    assert ask()[:2] == (200, "tpu") and router.stats()["tpu_down"] is False
+    assert router.stats()["breaker_opened"] == int(opens)
 
 
 def test_sharded_prefill_and_decode_run_without_collectives(tmp_path):

@@ -50,6 +50,10 @@ class FallbackConfig:
     max_attempts: int = 3
     backoff_s: float = 0.25
     max_backoff_s: float = 2.0
+    probe_after_s: float = 5.0
+    """After the TPU deployment could not be reached (no replica, a dead one, no first part in
+    time), requests go straight to the fallback for this long; then the next one tries the TPU
+    deployment again (a circuit breaker: no request waits out a known outage)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -65,7 +69,7 @@ class FallbackConfig:
             raise ValueError(
                 f"fallback.max_attempts: {self.max_attempts!r} is not valid; valid: 1..10"
             )
-        for name in ("timeout_s", "backoff_s", "max_backoff_s"):
+        for name in ("timeout_s", "backoff_s", "max_backoff_s", "probe_after_s"):
             value = getattr(self, name)
             if not 0 <= value <= 600:
                 raise ValueError(f"fallback.{name}: {value!r} is not valid; valid: 0..600 seconds")

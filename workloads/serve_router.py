@@ -5,7 +5,10 @@ The router validates a request exactly as a replica does (so a bad request is re
 sent upstream), then asks the TPU deployment through a streaming handle call
 (:meth:`workloads.serve.TextGenerator.respond`). If that call cannot be placed (no replica,
 back-pressure, the replica died), gives no first part within ``tpu_timeout_s``, or answers 503,
-the request goes to the fallback; the reply says who served it in ``X-Raytpu-Served-By``. With
+the request goes to the fallback. An unreachable TPU deployment (not a busy one: back-pressure
+and 503 are per request) also opens a circuit breaker: for ``fallback.probe_after_s`` every
+request goes straight to the fallback, then the next one probes the TPU deployment again and a
+success closes it (the fallback disengages when the replicas are back); the reply says who served it in ``X-Raytpu-Served-By``. With
 no fallback the client gets 503 with ``Retry-After``; when the fallback fails too, 429 (it is rate
 limited) or 504 (it kept failing or never answered), each counted under its error class.
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 from ray import serve
@@ -35,7 +39,8 @@ from workloads.serve_requests import RequestError, parse_request, read_body
 
 
 def _unreachable() -> tuple[type[BaseException], ...]:
-    """What a handle call raises when the TPU deployment cannot take a request."""
+    """What a handle call raises when the TPU deployment cannot take a request: down (no
+    replica, a dead one, nothing in time) or busy (:func:`_busy`)."""
     from ray import exceptions as ray_errors
     from ray.serve import exceptions as serve_errors
 
@@ -48,6 +53,13 @@ def _unreachable() -> tuple[type[BaseException], ...]:
         serve_errors.DeploymentUnavailableError,
         serve_errors.ReplicaUnavailableError,
     )
+
+
+def _busy() -> tuple[type[BaseException], ...]:
+    """The unreachable errors that mean busy, not down: they open no breaker."""
+    from ray.serve import exceptions as serve_errors
+
+    return (serve_errors.BackPressureError,)
 
 
 @serve.deployment(max_ongoing_requests=512, ray_actor_options={"num_cpus": 0})
@@ -68,9 +80,16 @@ class Router:
         self._tpu, self._fallback, self._cpu = tpu, fallback, cpu
         self._model, self._timeout_s = model_name, tpu_timeout_s
         self.fallbacks = 0
+        self.breaker_opened = 0
+        self._down_until = 0.0
+        """Monotonic time until which the TPU deployment is taken as down (0: closed)."""
 
-    def stats(self) -> dict[str, int]:
-        return {"fallbacks": self.fallbacks}
+    def stats(self) -> dict[str, Any]:
+        return {
+            "fallbacks": self.fallbacks,
+            "breaker_opened": self.breaker_opened,
+            "tpu_down": time.monotonic() < self._down_until,
+        }
 
     @telemetry.instrument_http
     async def __call__(self, request: Any) -> Any:
@@ -84,16 +103,20 @@ class Router:
                 )
         except RequestError as error:
             return to_response(*refusal(error.status, str(error), route))
-        parts = self._tpu.options(stream=True).respond.remote(method, path, body)
         head: Head | None = None
-        try:
-            head = await asyncio.wait_for(parts.__anext__(), self._timeout_s)
-        except _unreachable():
-            parts.cancel()
-        if head is not None and head.status != 503:
-            return await respond_http(head, parts)
-        if head is not None:
-            parts.cancel()
+        if time.monotonic() >= self._down_until:  # closed, or time to probe
+            parts = self._tpu.options(stream=True).respond.remote(method, path, body)
+            try:
+                head = await asyncio.wait_for(parts.__anext__(), self._timeout_s)
+            except _unreachable() as error:
+                parts.cancel()
+                if not isinstance(error, _busy()):
+                    self._open_breaker()
+            if head is not None and head.status != 503:
+                self._down_until = 0.0
+                return await respond_http(head, parts)
+            if head is not None:
+                parts.cancel()
         self.fallbacks += 1
         if self._cpu is not None:
             cpu_parts = self._cpu.options(stream=True).respond.remote(method, path, body)
@@ -101,6 +124,11 @@ class Router:
         if method != "POST" or route == openai_api.MODELS:
             return to_response(*refusal(503, "no capacity", route, RETRY_AFTER_S))
         return await self._upstream(route, validated)
+
+    def _open_breaker(self) -> None:
+        if time.monotonic() >= self._down_until:
+            self.breaker_opened += 1
+        self._down_until = time.monotonic() + self._fallback.probe_after_s
 
     async def _upstream(self, route: str, validated: Any) -> Any:
         """The request to the external OpenAI-compatible fallback (bounded retries)."""
