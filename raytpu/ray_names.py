@@ -8,6 +8,8 @@ workloads (label selectors, the local cluster) import them from here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 LABEL_SLICE_NAME = "ray.io/tpu-slice-name"
 """Node label: the slice (``TPU_NAME``) a host belongs to."""
 LABEL_WORKER_ID = "ray.io/tpu-worker-id"
@@ -54,3 +56,12 @@ PRIVATE_HEAD_PORT_NAMES: dict[str, int] = {
 
 K8S_LABEL_IS_RAY_NODE = "ray.io/is-ray-node"
 """Pod label KubeRay puts on every Ray head and worker pod (value ``yes``): what scrapes select."""
+
+
+def host_key(labels: Mapping[str, str]) -> tuple[str, int] | None:
+    """A Ray node's TPU host as ``(slice name, worker id)`` from its labels; None for a node
+    that is not a TPU host (the head, a CPU node)."""
+    slice_name, worker_id = labels.get(LABEL_SLICE_NAME), labels.get(LABEL_WORKER_ID, "")
+    if not slice_name or not worker_id.isdigit():
+        return None
+    return slice_name, int(worker_id)

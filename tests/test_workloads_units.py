@@ -391,3 +391,20 @@ def test_an_interrupt_during_start_up_stops_the_cluster_and_is_not_retried(
     with pytest.raises(KeyboardInterrupt, match="SIGINT"):
         cluster.start()
     assert calls == ["start", "stop"]
+
+
+@pytest.mark.parametrize(
+    ("labels", "expected"),
+    [
+        ({"ray.io/tpu-slice-name": "train-0", "ray.io/tpu-worker-id": "1"}, ("train-0", 1)),
+        ({"ray.io/tpu-slice-name": "train-0"}, None),
+        ({"ray.io/tpu-worker-id": "0"}, None),
+        ({"ray.io/tpu-slice-name": "train-0", "ray.io/tpu-worker-id": "x"}, None),
+        ({}, None),
+    ],
+    ids=["tpu-host", "no-worker-id", "no-slice", "bad-worker-id", "head"],
+)
+def test_host_key_names_a_tpu_host_by_its_labels(labels, expected):
+    from raytpu.ray_names import host_key
+
+    assert host_key(labels) == expected

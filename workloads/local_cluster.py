@@ -49,6 +49,7 @@ from raytpu.ray_names import (
     LABEL_SLICE_NAME,
     LABEL_TOPOLOGY,
     LABEL_WORKER_ID,
+    host_key,
 )
 from workloads.local_processes import (  # free_port: imported from here by many
     agent_ports,
@@ -401,12 +402,7 @@ class LocalSliceCluster:
         if self._cluster is None:
             raise LocalClusterError("remove_host: the cluster is not running")
         for node in ray.nodes():
-            labels = node.get("Labels") or {}
-            if (
-                node.get("Alive")
-                and labels.get(LABEL_SLICE_NAME) == slice_name
-                and labels.get(LABEL_WORKER_ID) == str(worker_id)
-            ):
+            if node.get("Alive") and host_key(node.get("Labels") or {}) == (slice_name, worker_id):
                 node_id = node["NodeID"]
                 for worker in list(self._cluster.worker_nodes):
                     if worker.node_id == node_id:

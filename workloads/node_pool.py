@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raytpu.ray_names import LABEL_SLICE_NAME, LABEL_WORKER_ID
+from raytpu.ray_names import host_key
 from workloads.local_processes import agent_ports, kill_processes_with_env
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class NodePool:
 
     def _replace(self, node_id: str, nodes: list[dict[str, Any]]) -> None:
         labels = next((n.get("Labels") or {} for n in nodes if n["NodeID"] == node_id), {})
-        key = (labels.get(LABEL_SLICE_NAME, ""), int(labels.get(LABEL_WORKER_ID, "-1")))
+        key = host_key(labels)
         cluster = self.cluster
         host = next((h for h in cluster.hosts if (h.slice_name, h.worker_id) == key), None)
         if host is None or cluster.ray_cluster is None:
@@ -152,9 +152,8 @@ class NodePool:
         deadline = time.monotonic() + HOST_START_TIMEOUT_S
         while time.monotonic() < deadline and not self._stop.is_set():
             for node in ray.nodes():
-                labels = node.get("Labels") or {}
-                found = (labels.get(LABEL_SLICE_NAME), labels.get(LABEL_WORKER_ID))
-                if node["Alive"] and node["NodeID"] != exclude and found == (key[0], str(key[1])):
+                found = host_key(node.get("Labels") or {})
+                if node["Alive"] and node["NodeID"] != exclude and found == key:
                     return str(node["NodeID"])
             time.sleep(POLL_S)
         return ""
