@@ -20,8 +20,8 @@ last host) does:
   cluster then starts a new one in its place (:class:`workloads.local_cluster.LocalSliceCluster`).
 
 Each other fault fires once per run: the driver passes only the faults not yet fired to a
-restarted attempt (:class:`FaultPlan`). Used by tests, ``bench/goodput.py`` and ``raytpu train --inject``.
-The parsing is stdlib only; :meth:`FaultPlan.apply` runs in a worker.
+restarted attempt (:class:`FaultPlan`). Used by tests, ``bench/goodput.py`` and ``raytpu train
+--inject``. The parsing is stdlib only; :meth:`FaultPlan.apply` runs in a worker.
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ After each attempt the driver reads the run's board (:class:`workloads.train_con
 the events the workers posted (loss spikes, slow hosts, hangs with their stack dumps), the
 injected faults that fired, the tier and step each attempt restored. A failed attempt becomes one
 event of class ``hang`` (a worker's watchdog said so), ``preemption`` or ``host_loss`` (a worker
-or its host went away), or ``slow_host`` (policy ``restart``: the workers left a slow host's slice,
-which :attr:`EventBook.cordons` names for the driver to hold), with the action taken; its ``duration_s`` is the recovery time, from
-the failure until the next attempt finished its first step. ``events.jsonl`` and ``stacks/`` in
+or its host went away), or ``slow_host`` (policy ``restart``: the workers left a slow host's
+slice, which :attr:`EventBook.cordons` names for the driver to hold), with the action taken; its
+``duration_s`` is the recovery time, from the failure until the next attempt finished its first
+step. ``events.jsonl`` and ``stacks/`` in
 the run's log dir hold the same. Ray is imported inside the methods.
 """
 

@@ -8,9 +8,10 @@ back-pressure, the replica died), gives no first part within ``tpu_timeout_s``, 
 the request goes to the fallback. An unreachable TPU deployment (not a busy one: back-pressure
 and 503 are per request) also opens a circuit breaker: for ``fallback.probe_after_s`` every
 request goes straight to the fallback, then the next one probes the TPU deployment again and a
-success closes it (the fallback disengages when the replicas are back); the reply says who served it in ``X-Raytpu-Served-By``. With
-no fallback the client gets 503 with ``Retry-After``; when the fallback fails too, 429 (it is rate
-limited) or 504 (it kept failing or never answered), each counted under its error class.
+success closes it (the fallback disengages when the replicas are back). The reply says who
+served it in ``X-Raytpu-Served-By``. With no fallback the client gets 503 with ``Retry-After``;
+when the fallback fails too, 429 (it is rate limited) or 504 (it kept failing or never
+answered), each counted under its error class.
 
 The router's series carry the serving slice's labels when :func:`workloads.serve.build_app` knows
 the shape (the router itself may run on any node); else its own host's.
