@@ -114,7 +114,7 @@ class FaultPlan:
 
     def at(self, step: int, process_index: int, process_count: int) -> list[FaultSpec]:
         """The one-shot faults this host applies before ``step`` (a spike on every host); a slow
-        host is not one: see :meth:`slow_from`."""
+        host is not one: see :meth:`slow_at`."""
         return [
             f
             for f in self.faults
