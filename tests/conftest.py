@@ -17,7 +17,7 @@ subprocesses, which all inherit it) see it. A value already set in the environme
   2 s by default, and a worker's ``ray.train.report`` (each ``log_every`` steps and at the end)
   waits for that poll; the tests' short runs spent most of those seconds waiting.
 - ``RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S=0.5``: how often Ray Train's preemption watcher reads
-  Ray's draining nodes (5 s by default); the tests' preemption notices give 8 s.
+  Ray's draining nodes (5 s by default); the tests' preemption notices give 12 s.
 """
 
 from __future__ import annotations
