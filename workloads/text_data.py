@@ -16,7 +16,7 @@ batch), what MaxText feeds TPU hosts with, and not Ray Data, for three reasons:
 - **random access by step**: a ``MapDataset`` is indexable, so the batch of step ``s`` is
   ``dataset[s]``, a pure function of (seed, host, hosts, step). Resuming after host loss or a
   preemption needs no saved iterator state, and an interrupted run trains on exactly the
-  batches of an uninterrupted one (the equal-results check).
+  batches of an uninterrupted one.
 - **each host reads only its records**: the slice ``[host::hosts]`` is taken before anything is
   read; with a real dataset the source is an ``ArrayRecordDataSource`` on ``gs://`` and the host
   reads only its own records. Ray Data would stream blocks from the driver through the object

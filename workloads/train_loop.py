@@ -216,6 +216,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             losses.append(loss_value)
             done = step + 1
             watchdog.beat(done, seconds)
+            if me == 0:  # before a slow-host move ends the attempt: the step counts
+                board.step.remote(done, seconds, time.time())
             flagged = slow.observe(seconds, [float(x) for x in host_s])
             moving = good.slow_policy == "restart"
             if moving:  # every host acts on rank 0's view: the move is collective
@@ -231,8 +233,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     with meter.checkpoint("save"):  # the new slice has no fast tier of ours
                         save_state(manager, done, state, cfg)
                         manager.wait_until_finished()
-                    if me == 0:
-                        board.step.remote(done, seconds, time.time())
                     if me == flagged:
                         event("slow_host", done, host_name, gp.MOVE_ACTION, detail, wait=True)
                     multihost_utils.sync_global_devices("raytpu-slow-host-move")
@@ -243,8 +243,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     event(
                         "slow_host", done, host_name, "warned (no spare slice to move to)", detail
                     )
-            if me == 0:
-                board.step.remote(done, seconds, time.time())
             if show_progress:
                 board.post.remote(
                     TrainProgress(done, run.steps, loss_value, tokens_per_step / seconds)
