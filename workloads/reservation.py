@@ -163,8 +163,11 @@ class _Missing:
     error_class: errors.ErrorClass
 
 
-def _describe_missing(shape: SliceShape, tpu_per_bundle: float) -> _Missing:
-    """Why bundles did not place: which slice lacks hosts, or which host is too small."""
+def _describe_missing(
+    shape: SliceShape, tpu_per_bundle: float, own: Sequence[Any] = ()
+) -> _Missing:
+    """Why bundles did not place: which slice lacks hosts, which host is too small, or which
+    placement groups hold the slices (``own``: this request's, named as such)."""
     import ray
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
@@ -188,9 +191,35 @@ def _describe_missing(shape: SliceShape, tpu_per_bundle: float) -> _Missing:
         )
         error_class = errors.MISSIZED_REQUEST
     if not reasons:
-        complete = sum(1 for members in by_slice.values() if len(members) >= shape.hosts)
-        reasons.append(f"no free slice: all {complete} complete slice(s) of this shape are in use")
+        complete = sorted(name for name, members in by_slice.items() if len(members) >= shape.hosts)
+        holders = _holders(by_slice, {pg.id.hex() for pg in own})
+        held_by = "; ".join(
+            f"{name} by {', '.join(holders[name])}" if holders.get(name) else f"{name} by nothing"
+            for name in complete
+        )
+        reasons.append(
+            f"no free slice: all {len(complete)} complete slice(s) of this shape are in use "
+            f"(held: {held_by})"
+        )
     return _Missing("; ".join(reasons), error_class)
+
+
+def _holders(by_slice: dict[str, list[dict[str, Any]]], own: set[str]) -> dict[str, list[str]]:
+    """Per slice name, the created placement groups with a bundle on one of its hosts: "this
+    request" for an id in ``own``, else the group's name or ``unnamed <id prefix>`` (Ray
+    Train's and ``slice_placement_group``'s are unnamed)."""
+    from ray.util import placement_group_table
+
+    slice_of = {node["NodeID"]: name for name, members in by_slice.items() for node in members}
+    holders: dict[str, list[str]] = {}
+    for pg_id, pg in sorted(placement_group_table().items()):
+        if pg.get("state") != "CREATED":
+            continue
+        label = "this request" if pg_id in own else (pg.get("name") or f"unnamed {pg_id[:8]}")
+        for name in sorted({slice_of.get(n) for n in pg.get("bundles_to_node_id", {}).values()}):
+            if name:
+                holders.setdefault(name, []).append(label)
+    return holders
 
 
 def _hosts_of(pg: Any, num_bundles: int) -> tuple[ReservedHost, ...]:
@@ -285,7 +314,7 @@ def reserve_slices(
         remaining = max(0.5, timeout_s - (time.monotonic() - began))
         ready, _ = ray.wait([pg.ready()], timeout=remaining)
         if not ready:
-            missing = _describe_missing(shape, tpu)
+            missing = _describe_missing(shape, tpu, held)
             raise SliceReservationError(
                 shape,
                 num_slices,
@@ -373,7 +402,7 @@ def _claim_heads(
         held.append(heads[-1])
     ready, _ = ray.wait([pg.ready() for pg in heads], num_returns=len(heads), timeout=timeout_s)
     if len(ready) < len(heads):
-        missing = _describe_missing(shape, shape.chips_per_host)
+        missing = _describe_missing(shape, shape.chips_per_host, held)
         raise SliceReservationError(
             shape,
             num_slices,
@@ -439,10 +468,14 @@ def ray_native_reservation(
         spg.shutdown()
 
 
-def spare_slice_exists(shape: SliceShape, timeout_s: float = 2.0) -> bool:
+def spare_slice_exists(shape: SliceShape, timeout_s: float = 10.0) -> bool:
     """Whether one more whole slice of ``shape`` is free right now: reserved for an instant
     (:func:`reserve_slices`) and released. Not Ray's ``get_num_ready_tpu_slices``: on the
-    simulated cluster it counted a free slice while a run held the only one."""
+    simulated cluster it counted a free slice while a run held the only one.
+
+    ``timeout_s`` bounds the two placement groups' creation, not a wait for capacity. It was
+    2 s, and once on CI's loaded 2 cores the check answered "no spare" where the test had left
+    a slice free; 10 s stays well below the hang floor the run's other hosts wait under."""
     try:
         with reserve_slices(shape, 1, timeout_s=timeout_s, name="raytpu-spare-check"):
             return True
