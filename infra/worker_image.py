@@ -3,7 +3,9 @@
 Prints ``key=value`` lines for ``$GITHUB_OUTPUT`` (the deploy workflow builds, pushes and deploys
 exactly this): ``image`` (``REGION-docker.pkg.dev/PROJECT/REPOSITORY/ray:<rayVersion>-py3XX-<tag>``),
 ``registry``, ``host`` (for ``gcloud auth configure-docker``), ``tag``, ``rayVersion`` and
-``pythonTag`` (the Dockerfile's build arguments). Exit 2 on a bad stack config.
+``pythonTag`` (the Dockerfile's build arguments); and, when a RayService serves with
+``engine: vllm`` on the default image, ``vllmImage`` and ``vllmTpu`` (``Dockerfile.vllm``'s tag and
+build argument). Exit 2 on a bad stack config.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import sys
 
 from infra.config import ConfigError, load_stack
+from raytpu.ray_versions import VLLM_TPU_FOR_RAY
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tag={config.image.tag}")
     print(f"rayVersion={config.ray_version}")
     print(f"pythonTag={config.image.python_tag}")
+    if any(s.engine == "vllm" and not s.image for s in config.ray_services):
+        # The stack serves with Ray Serve LLM: the workflow builds Dockerfile.vllm too.
+        print(f"vllmImage={config.vllm_image}")
+        print(f"vllmTpu={VLLM_TPU_FOR_RAY[config.ray_version]}")
     return 0
 
 

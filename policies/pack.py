@@ -322,13 +322,15 @@ POLICIES: tuple[PolicySpec, ...] = (
         description=(
             "A RayService serving with Ray Serve LLM (vLLM) runs tensor parallel over all chips "
             "of its single-host TPU worker group, on that generation's accelerator type, with "
-            "prefix caching on."
+            "prefix caching on, in an image tagged with the vllm-tpu its Ray version pins and "
+            "py312."
         ),
         kind="resource",
         rule=serve_llm.check_llm_engine,
         applies_to=lambda t: ray_kind(t) == "RayService",
         remediation="Set rayServices[].engine: vllm in the stack and let the program write the "
-        "LLMConfig (tensor_parallel_size = chips, accelerator_type, enable_prefix_caching).",
+        "LLMConfig (tensor_parallel_size = chips, accelerator_type, enable_prefix_caching) and "
+        "pick the image Dockerfile.vllm builds (ray-vllm:<rayVersion>-py312-vllm-tpu<pin>-<tag>).",
     ),
 )
 

@@ -7,6 +7,7 @@ on the head and starts the work on the TPU worker hosts (Ray Train's JaxTrainer 
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -95,15 +96,41 @@ def worker_requirements(pyproject: Path = _REPO_ROOT / "pyproject.toml") -> list
         project = tomllib.load(handle)["project"]
     wanted = [*project["dependencies"], *project["optional-dependencies"]["tpu"]]
 
-    def name(requirement: str) -> str:
-        for stop in "[<>=!~ ;":
-            requirement = requirement.split(stop, 1)[0]
-        return requirement.strip().lower()
-
     return [
         r
         for r in wanted
         if not any(
-            name(r) == x or name(r).startswith(x + "-") for x in WORKER_EXCLUDED_DEPENDENCIES
+            _requirement_name(r) == x or _requirement_name(r).startswith(x + "-")
+            for x in WORKER_EXCLUDED_DEPENDENCIES
         )
     ]
+
+
+VLLM_EXCLUDED_FROM_RAY_LLM = ("vllm", "nixl", "nixl-cu13")
+"""Requirements of Ray's ``llm`` extra that the vLLM image leaves to ``vllm-tpu``: ``vllm`` is the
+CUDA build (both install the ``vllm`` package), and Ray 2.60's ``nixl==1.3.2`` / ``nixl-cu13``
+clash with vllm-tpu 0.29.0's ``nixl==0.3.0``."""
+_LLM_EXTRA = re.compile(r"""\s*(?:\band\s+)?extra\s*==\s*["']llm["']\s*(?:and\b)?""")
+
+
+def vllm_requirements(ray_requires: Sequence[str], vllm_tpu: str) -> list[str]:
+    """What ``Dockerfile.vllm`` installs on a stock Ray image: Ray Serve LLM's own dependencies
+    (the ``llm`` extra of the image's Ray, from ``importlib.metadata.requires("ray")``, markers
+    kept, the extra's clause dropped) without :data:`VLLM_EXCLUDED_FROM_RAY_LLM`, and
+    ``vllm-tpu==<vllm_tpu>``."""
+    wanted = []
+    for requirement in ray_requires:
+        spec, _, marker = requirement.partition(";")
+        if not _LLM_EXTRA.search(marker):
+            continue
+        if _requirement_name(spec) in VLLM_EXCLUDED_FROM_RAY_LLM:
+            continue
+        rest = _LLM_EXTRA.sub(" ", marker).strip()
+        wanted.append(f"{spec.strip()}; {rest}" if rest else spec.strip())
+    return [*wanted, f"vllm-tpu=={vllm_tpu}"]
+
+
+def _requirement_name(requirement: str) -> str:
+    for stop in "[<>=!~ ;":
+        requirement = requirement.split(stop, 1)[0]
+    return requirement.strip().lower().replace("_", "-")

@@ -85,3 +85,60 @@ def image_python(image: str) -> tuple[int, int] | None:
         return None
     found = _PYTHON_TAG.search(last.rsplit(":", 1)[1])
     return (3, int(found.group(1))) if found else None
+
+
+# ------------------------------------------------------------------ the vLLM engine's image
+VLLM_TPU_FOR_RAY = {"2.60.0": "0.29.0"}
+"""The ``vllm-tpu`` release for each Ray version whose Serve LLM the stacks run: the vLLM version
+Ray's own ``llm`` extra pins (Ray 2.60.0's metadata: ``vllm[audio]==0.29.0``), in its TPU build.
+vllm-tpu 0.29.0 on PyPI requires ``tpu-inference==0.29.0`` (jax 0.11.0, libtpu 0.0.44) and an
+unpinned ``ray``; its wheel is for CPython 3.12 only. ``tests/test_delivery_image.py`` compares
+this table with the installed Ray's metadata."""
+VLLM_PYTHON = (3, 12)
+"""The Python of the vLLM image: vllm-tpu publishes CPython 3.12 wheels only."""
+VLLM_IMAGE_NAME = "ray-vllm"
+_VLLM_TAG = re.compile(r"(?:^|[-_.])vllm-tpu([0-9]+\.[0-9]+\.[0-9]+)(?=$|[-_.+])")
+
+
+def image_vllm_tpu(image: str) -> str | None:
+    """The vllm-tpu version an image's tag names (``...:2.60.0-py312-vllm-tpu0.29.0-abc`` ->
+    ``"0.29.0"``), else None."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" not in last:
+        return None
+    found = _VLLM_TAG.search(last.rsplit(":", 1)[1])
+    return found.group(1) if found else None
+
+
+def vllm_image_problems(image: str, ray_version: str) -> list[str]:
+    """Why ``image`` cannot run Ray Serve LLM with vLLM's TPU backend on Ray ``ray_version``
+    (each a clause: "names vllm-tpu 0.30.0, not 0.29.0"); none for a good or unrendered image.
+
+    The image must say what it holds in its tag: the Ray version (as every image here), the
+    pinned vllm-tpu (``vllm-tpu0.29.0``) and Python 3.12 (``py312``), as ``Dockerfile.vllm``
+    tags it. A tag that says less is refused: the pod would fail at import, or load a vLLM that
+    Ray's Serve LLM was not released with, after the TPU slice was paid for."""
+    if template_placeholder(image) is not None:
+        return []
+    pinned = VLLM_TPU_FOR_RAY.get(ray_version)
+    if pinned is None:
+        known = ", ".join(sorted(VLLM_TPU_FOR_RAY))
+        return [f"Ray {ray_version} has no vllm-tpu pin here (pinned for Ray {known})"]
+    problems = []
+    named = image_vllm_tpu(image)
+    if named is None:
+        problems.append(f"its tag names no vllm-tpu version (wanted vllm-tpu{pinned})")
+    elif named != pinned:
+        problems.append(f"its tag names vllm-tpu {named}, not the {pinned} Ray {ray_version} pins")
+    python = image_python(image)
+    if python != VLLM_PYTHON:
+        shown = f"py3{python[1]}" if python else "no Python"
+        problems.append(f"its tag names {shown}, not py312 (vllm-tpu has 3.12 wheels only)")
+    return problems
+
+
+def vllm_image_tag(ray_version: str, build: str) -> str:
+    """The tag ``Dockerfile.vllm``'s image gets: ``2.60.0-py312-vllm-tpu0.29.0-<build>``."""
+    pinned = VLLM_TPU_FOR_RAY[ray_version]
+    return f"{ray_version}-py3{VLLM_PYTHON[1]}-vllm-tpu{pinned}-{build}"

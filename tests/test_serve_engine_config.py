@@ -64,6 +64,16 @@ def test_engine_vllm_declares_a_ray_serve_llm_app_on_the_slice_s_chips(raw) -> N
     }
     assert "RAYTPU_CHECKPOINT_DIR" not in app["runtime_env"]["env_vars"]
     ServeDeploySchema(**config)  # what KubeRay hands to Serve
+    # Its pods run the image Dockerfile.vllm builds, the other Ray objects the worker image.
+    spec = kuberay.ray_service_spec(stack, service)
+    cluster = spec["rayClusterConfig"]
+    pods = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    images = {g["template"]["spec"]["containers"][0]["image"] for g in pods}
+    assert images == {stack.vllm_image}
+    assert stack.vllm_image == (
+        f"{stack.registry}/ray-vllm:2.60.0-py312-vllm-tpu0.29.0-{stack.image.tag}"
+    )
+    assert stack.image_for(stack.ray_clusters[0]) == stack.ray_image != stack.vllm_image
 
 
 def test_fallback_reaches_the_replicas_and_its_key_comes_from_the_secret(raw) -> None:
@@ -140,6 +150,23 @@ BAD = [
         "name/key of a Kubernetes secret",
     ),
     (
+        "vllm-on-the-worker-image",
+        {"engine": "vllm", "importPath": None, "llm": LLM, "image": "r/ray:2.60.0-py311-abc"},
+        "image: 'r/ray:2.60.0-py311-abc' is not valid",
+        "an image with the pinned vllm-tpu",
+    ),
+    (
+        "vllm-tpu-other-release",
+        {
+            "engine": "vllm",
+            "importPath": None,
+            "llm": LLM,
+            "image": "r/ray-vllm:2.60.0-py312-vllm-tpu0.32.0-abc",
+        },
+        "image: 'r/ray-vllm:2.60.0-py312-vllm-tpu0.32.0-abc' is not valid",
+        "vllm-tpu 0.32.0, not the 0.29.0 Ray 2.60.0 pins",
+    ),
+    (
         "fallback-with-vllm",
         {"engine": "vllm", "importPath": None, "llm": LLM, "fallback": FALLBACK},
         "fallback: ",
@@ -158,9 +185,12 @@ def test_bad_serving_keys_name_the_field_and_the_valid_values(raw, keys, shown, 
 
 
 # ------------------------------------------------------------------ policy on the generated object
-def _llm_props(raw: dict[str, Any], edit=None) -> dict[str, Any]:
+def _llm_props(raw: dict[str, Any], edit=None, image: str | None = None) -> dict[str, Any]:
     stack = parse_config(_service(raw, engine="vllm", importPath=None, llm=LLM))
     spec = kuberay.ray_service_spec(stack, stack.ray_services[0])
+    if image is not None:
+        (worker,) = spec["rayClusterConfig"]["workerGroupSpecs"]
+        worker["template"]["spec"]["containers"][0]["image"] = image
     if edit is not None:
         config = yaml.safe_load(spec["serveConfigV2"])
         edit(config["applications"][0]["args"]["llm_configs"][0])
@@ -193,6 +223,41 @@ def test_llm_engine_policy_on_the_declared_rayservice(raw, edit, fragments) -> N
     assert len(violations) == len(fragments), violations
     for violation, fragment in zip(violations, fragments, strict=True):
         assert fragment in violation and "spec.serveConfigV2 applications[0]" in violation
+
+
+WORKERS_IMAGE = "spec.rayClusterConfig.workerGroupSpecs[0].template.spec.containers[0].image"
+IMAGES = [
+    ("pinned", "r/ray-vllm:2.60.0-py312-vllm-tpu0.29.0-abc", []),
+    ("templated", "$VLLM_IMAGE", []),
+    (
+        "worker-image",
+        "r/ray:2.60.0-py311-abc",
+        ["names no vllm-tpu version (wanted vllm-tpu0.29.0)", "names py311, not py312"],
+    ),
+    (
+        "newer-vllm-tpu",
+        "r/ray-vllm:2.60.0-py312-vllm-tpu0.32.0-abc",
+        ["names vllm-tpu 0.32.0, not the 0.29.0 Ray 2.60.0 pins"],
+    ),
+    (
+        "ray-without-a-pin",
+        "r/ray-vllm:2.59.0-py312-vllm-tpu0.29.0-abc",
+        ["Ray 2.59.0 has no vllm-tpu pin here (pinned for Ray 2.60.0)"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("image", "fragments"), [i[1:] for i in IMAGES], ids=[i[0] for i in IMAGES]
+)
+def test_llm_engine_policy_checks_the_pods_image(raw, image, fragments) -> None:
+    from policies.rules.serve_llm import check_llm_engine
+
+    violations = check_llm_engine(_llm_props(raw, image=image))
+    assert len(violations) == min(1, len(fragments)), violations
+    for fragment in fragments:
+        assert violations[0].startswith(f"{WORKERS_IMAGE}: {image!r} cannot serve"), violations
+        assert fragment in violations[0] and "Dockerfile.vllm" in violations[0]
 
 
 def test_llm_engine_policy_ignores_the_built_in_app_and_refuses_bad_yaml(raw) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from infra.config.reader import Problems, Section
 from infra.config.schema import NAMESPACE, PYTHON_VERSIONS, ImageConfig
+from raytpu.ray_versions import VLLM_IMAGE_NAME, VLLM_TPU_FOR_RAY, vllm_image_tag
 
 IMAGE_NAME = "ray"
 DEFAULT_REPOSITORY = "ray-tpu"
@@ -50,6 +51,14 @@ def git_image_tag(folder: Path = REPO_ROOT) -> str | None:
 def worker_image(registry: str, ray_version: str, image: ImageConfig) -> str:
     """``REGISTRY/ray:<rayVersion>-py3XX-<tag>``."""
     return f"{registry}/{IMAGE_NAME}:{ray_version}-{image.python_tag}-{image.tag}"
+
+
+def vllm_image(registry: str, ray_version: str, image: ImageConfig) -> str | None:
+    """``REGISTRY/ray-vllm:<rayVersion>-py312-vllm-tpu<pin>-<tag>`` (``Dockerfile.vllm``), or None
+    for a Ray version without a vllm-tpu pin (:data:`raytpu.ray_versions.VLLM_TPU_FOR_RAY`)."""
+    if ray_version not in VLLM_TPU_FOR_RAY or not image.tag:
+        return None
+    return f"{registry}/{VLLM_IMAGE_NAME}:{vllm_image_tag(ray_version, image.tag)}"
 
 
 class _TopLevel(Section):

@@ -287,6 +287,9 @@ class StackConfig:
     teams: tuple[TeamConfig, ...] = ()
     """Teams sharing the slices through Kueue (docs/governance.md)."""
     priority_classes: tuple[PriorityClassConfig, ...] = ()
+    vllm_image: str | None = None
+    """The image ``Dockerfile.vllm`` builds (``REGISTRY/ray-vllm:<rayVersion>-py312-vllm-tpu<pin>-
+    <imageTag>``): what a RayService with ``engine: vllm`` runs unless it names its own."""
 
     @property
     def registry(self) -> str:
@@ -302,7 +305,11 @@ class StackConfig:
         raise ConfigError([f"{NAMESPACE}:slices: slice {name!r} is not valid; valid: {valid}"])
 
     def image_for(self, obj: RayClusterConfig | RayServiceConfig | RayJobConfig) -> str:
-        return obj.image or self.ray_image
+        if obj.image:
+            return obj.image
+        if getattr(obj, "engine", "") == "vllm" and self.vllm_image:
+            return self.vllm_image
+        return self.ray_image
 
     @property
     def namespaces(self) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.config.cluster import parse_cluster
-from infra.config.image import parse_image, worker_image
+from infra.config.image import parse_image, vllm_image, worker_image
 from infra.config.ray_objects import SECTIONS
 from infra.config.reader import Problems, check_unique, list_of
 from infra.config.schema import (
@@ -32,7 +32,7 @@ from infra.config.values import (
     zone_region,
 )
 from raytpu import inputs, project
-from raytpu.ray_versions import image_python
+from raytpu.ray_versions import image_python, vllm_image_problems
 
 _TOP_KEYS = (
     "cluster",
@@ -91,6 +91,10 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
         image = worker_image(registry, ray_version, image_cfg)
     if image is not None and not image_check(problems, f"{NAMESPACE}:rayImage", image, ray_version):
         image = None
+    vllm = None
+    if ray_version and image_cfg and project and region:
+        registry = f"{region}-docker.pkg.dev/{project}/{image_cfg.repository}"
+        vllm = vllm_image(registry, ray_version, image_cfg)
 
     slices: list[SliceConfig] = []
     raw_slices = list_of(
@@ -194,6 +198,7 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
     where = {id(obj): path for path, obj in object_paths}
     _check_scale_to_zero(problems, slices, [*clusters, *services], where)
     _check_runtime(problems, slices, [*clusters, *services, *jobs], image, raw, where)
+    _check_vllm_images(problems, services, vllm, ray_version, where)
 
     flex = [s.name for s in slices if s.provisioning == "flex-start"]
     too_old = cluster is not None and not gke_version_ok(
@@ -258,6 +263,7 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
         ray_jobs=tuple(jobs),
         teams=teams,
         priority_classes=priorities,
+        vllm_image=vllm,
     )
 
 
@@ -320,6 +326,35 @@ def _check_runtime(
             f"ray-tpu:pythonVersion '{wanted}' and build the Dockerfile with "
             f"--build-arg PYTHON_TAG=py{wanted.replace('.', '')}",
         )
+
+
+def _check_vllm_images(
+    problems: Problems,
+    services: list[Any],
+    default: str | None,
+    ray_version: str | None,
+    where: Mapping[int, str],
+) -> None:
+    """A RayService with ``engine: vllm`` runs an image that says it holds the vllm-tpu Ray's
+    Serve LLM was released with, on Python 3.12 (:func:`raytpu.ray_versions.vllm_image_problems`):
+    its own ``image``, else the one ``Dockerfile.vllm`` builds for this stack."""
+    for service in services:
+        if service.engine != "vllm" or not ray_version:
+            continue
+        image = service.image or default
+        path = f"{where[id(service)]}.image"
+        fix = (
+            "leave image unset to run the image Dockerfile.vllm builds and the deploy workflow "
+            "pushes (ray-vllm:<rayVersion>-py312-vllm-tpu<pin>-<imageTag>), or name one tagged so"
+        )
+        if image is None:
+            problems.bad(path, None, "an image with vllm-tpu", f"engine vllm; {fix}")
+            continue
+        found = vllm_image_problems(image, ray_version)
+        if found:
+            problems.bad(
+                path, image, "an image with the pinned vllm-tpu", f"{'; '.join(found)}; {fix}"
+            )
 
 
 def _object_paths(raw: Mapping[str, Any], sections: Any, parsed: Any) -> list[tuple[str, Any]]:

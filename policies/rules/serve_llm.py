@@ -9,7 +9,10 @@ For every application of ``spec.serveConfigV2`` whose ``import_path`` is Ray Ser
 - ``accelerator_type`` equal to that generation's Ray accelerator type (``TPU-V6E``...), so the
   engine's workers land on those hosts;
 - ``engine_kwargs.enable_prefix_caching: true`` (shared system prompts skip their prefill);
-- a single-host group: tensor parallel stays on one host's chips.
+- a single-host group: tensor parallel stays on one host's chips;
+- pods (head and every worker group) in an image whose tag names the vllm-tpu that the tag's Ray
+  version pins and Python 3.12 (``ray-vllm:2.60.0-py312-vllm-tpu0.29.0-<build>``, as
+  ``Dockerfile.vllm`` tags it; :func:`raytpu.ray_versions.vllm_image_problems`).
 
 Values not known at preview time are skipped; a Serve config that is not YAML is a violation.
 """
@@ -21,10 +24,11 @@ from typing import Any
 
 import yaml
 
-from policies.model import worker_groups
-from policies.values import get, is_unknown
+from policies.model import pod_templates, worker_groups
+from policies.values import as_list, get, is_unknown
 from raytpu import catalog
 from raytpu.entrypoints import LLM_IMPORT_PATH
+from raytpu.ray_versions import image_version, vllm_image_problems
 
 
 def check_llm_engine(props: Mapping[str, Any]) -> list[str]:
@@ -44,12 +48,12 @@ def check_llm_engine(props: Mapping[str, Any]) -> list[str]:
     ]
     if not llm_apps:
         return []
+    violations = _check_images(props)
     shape, problem = _group_shape(props)
     if problem:
-        return [problem]
+        return [*violations, problem]
     if shape is None:
-        return []
-    violations = []
+        return violations
     for index, app in llm_apps:
         configs = get(app, "args.llm_configs")
         if not isinstance(configs, list) or not configs:
@@ -61,6 +65,30 @@ def check_llm_engine(props: Mapping[str, Any]) -> list[str]:
         for j, llm in enumerate(configs):
             where = f"spec.serveConfigV2 applications[{index}].args.llm_configs[{j}]"
             violations += _check_llm(where, llm if isinstance(llm, Mapping) else {}, shape)
+    return violations
+
+
+def _check_images(props: Mapping[str, Any]) -> list[str]:
+    """Each pod's first container runs an image tagged with the pinned vllm-tpu and py312."""
+    violations = []
+    for template_path, pod in pod_templates(props, "RayService"):
+        containers = as_list(get(pod, "containers"))
+        if is_unknown(containers) or not isinstance(containers, list) or not containers:
+            continue
+        image = get(containers[0], "image")
+        if not isinstance(image, str):
+            continue
+        ray_version, _ = image_version(image)
+        if ray_version is None:
+            continue  # the Ray version rule reports an image that names no Ray version
+        problems = vllm_image_problems(image, ray_version)
+        if problems:
+            violations.append(
+                f"{template_path}.containers[0].image: {image!r} cannot serve {LLM_IMPORT_PATH} "
+                f"on TPU: {'; '.join(problems)}; run the image Dockerfile.vllm builds "
+                "(leave rayServices[].image unset with engine vllm: the deploy workflow pushes "
+                "ray-vllm:<rayVersion>-py312-vllm-tpu<pin>-<imageTag>)"
+            )
     return violations
 
 
