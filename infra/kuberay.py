@@ -288,6 +288,7 @@ def fallback_env(fallback: ServeFallbackConfig) -> dict[str, Any]:
         "api_key_env": FALLBACK_KEY_ENV if fallback.api_key_secret else "",
         "max_attempts": fallback.max_attempts,
         "timeout_s": fallback.timeout_s,
+        "probe_after_s": fallback.probe_after_s,
     }
 
 

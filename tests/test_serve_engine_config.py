@@ -80,7 +80,7 @@ def test_fallback_reaches_the_replicas_and_its_key_comes_from_the_secret(raw) ->
     from workloads.fallback import FallbackConfig
     from workloads.serve import fallback_from_env
 
-    stack = parse_config(_service(raw, fallback=FALLBACK))
+    stack = parse_config(_service(raw, fallback={**FALLBACK, "probeAfterS": 2}))
     service = stack.ray_services[0]
     (app,) = yaml.safe_load(kuberay.serve_config_v2(stack, service))["applications"]
     encoded = app["runtime_env"]["env_vars"][entrypoints.SERVE_FALLBACK_ENV]
@@ -91,6 +91,7 @@ def test_fallback_reaches_the_replicas_and_its_key_comes_from_the_secret(raw) ->
         entrypoints.FALLBACK_KEY_ENV,
         timeout_s=30.0,
         max_attempts=3,
+        probe_after_s=2.0,
     )
     spec = kuberay.ray_service_spec(stack, service)
     pods = [
@@ -136,6 +137,12 @@ BAD = [
         {"fallback": {**FALLBACK, "kind": "gpu"}},
         "fallback.kind: 'gpu' is not valid",
         "openai, deployment",
+    ),
+    (
+        "fallback-probe-after",
+        {"fallback": {**FALLBACK, "probeAfterS": -1}},
+        "fallback.probeAfterS: -1 is not valid",
+        "seconds, 0..600",
     ),
     (
         "fallback-plain-http",

@@ -297,7 +297,7 @@ def _parse_fallback(s: Section, vllm: bool) -> ServeFallbackConfig | bool | None
     if vllm:
         s.problems.bad(s.sub("fallback"), raw, "absent with engine vllm (built-in engine only)")
         return False
-    keys = ("kind", "url", "model", "apiKeySecret", "maxAttempts", "timeoutS")
+    keys = ("kind", "url", "model", "apiKeySecret", "maxAttempts", "timeoutS", "probeAfterS")
     inner = Section(s.problems, s.sub("fallback"), raw, keys)
     if not inner.ok:
         return False
@@ -324,9 +324,16 @@ def _parse_fallback(s: Section, vllm: bool) -> ServeFallbackConfig | bool | None
     timeout = inner.get(
         "timeoutS", (int, float), 30.0, valid="seconds, 1..600", check=lambda v: 1 <= v <= 600
     )
-    if None in (kind, url, model, attempts, timeout):
+    probe = inner.get(
+        "probeAfterS",
+        (int, float),
+        5.0,
+        valid="seconds, 0..600 (0: every request tries the TPU deployment first)",
+        check=lambda v: 0 <= v <= 600,
+    )
+    if None in (kind, url, model, attempts, timeout, probe):
         return False
-    return ServeFallbackConfig(kind, url, model, secret, attempts, float(timeout))
+    return ServeFallbackConfig(kind, url, model, secret, attempts, float(timeout), float(probe))
 
 
 def parse_ray_job(

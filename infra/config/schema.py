@@ -153,6 +153,9 @@ class ServeFallbackConfig:
     """``name/key`` of the Kubernetes secret holding the external endpoint's API key."""
     max_attempts: int = 3
     timeout_s: float = 30.0
+    probe_after_s: float = 5.0
+    """After the TPU deployment could not be reached, how long requests go straight to the
+    fallback before the next one tries it again (the router's circuit breaker)."""
 
 
 @dataclass(frozen=True)
