@@ -108,7 +108,9 @@ def time_ray(shape: catalog.SliceShape, num_slices: int, timeout_s: float) -> fl
 def time_plain(shape: catalog.SliceShape, num_slices: int, timeout_s: float) -> float:
     """Seconds until a plain placement group with the same bundles is ready."""
     import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.placement_group import placement_group
+
+    from workloads.reservation import remove_placement_groups
 
     began = time.perf_counter()
     pg = placement_group(plain_bundles(shape, num_slices), strategy=STRATEGY)
@@ -118,7 +120,7 @@ def time_plain(shape: catalog.SliceShape, num_slices: int, timeout_s: float) -> 
         if not ready:
             raise TimeoutError(f"plain placement group not ready within {timeout_s:.0f} s")
     finally:
-        remove_placement_group(pg)
+        remove_placement_groups([pg])
     return elapsed
 
 
@@ -280,7 +282,9 @@ def contend_plain(
 ) -> Outcome:
     """``requests`` plain placement groups of one slice's bundles each, created at once."""
     import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.placement_group import placement_group
+
+    from workloads.reservation import remove_placement_groups
 
     outcome = Outcome()
     began = time.perf_counter()
@@ -310,8 +314,7 @@ def contend_plain(
                 f"(no error: a plain placement group just stays PENDING; gave up after {timeout_s:g} s)"
             )
     finally:
-        for pg in pgs:
-            remove_placement_group(pg)
+        remove_placement_groups(pgs)
     return outcome
 
 
