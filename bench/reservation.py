@@ -110,7 +110,7 @@ def time_plain(shape: catalog.SliceShape, num_slices: int, timeout_s: float) -> 
     import ray
     from ray.util.placement_group import placement_group
 
-    from workloads.reservation import remove_placement_groups
+    from workloads.release import remove_placement_groups
 
     began = time.perf_counter()
     pg = placement_group(plain_bundles(shape, num_slices), strategy=STRATEGY)
@@ -284,7 +284,7 @@ def contend_plain(
     import ray
     from ray.util.placement_group import placement_group
 
-    from workloads.reservation import remove_placement_groups
+    from workloads.release import remove_placement_groups
 
     outcome = Outcome()
     began = time.perf_counter()

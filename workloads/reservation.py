@@ -30,6 +30,7 @@ from raytpu import errors
 from raytpu.catalog import SliceShape
 from raytpu.ray_names import LABEL_POD_TYPE, LABEL_SLICE_NAME, LABEL_TOPOLOGY, LABEL_WORKER_ID
 from workloads import telemetry
+from workloads.release import remove_placement_groups
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ def _describe_missing(
         complete = sorted(name for name, members in by_slice.items() if len(members) >= shape.hosts)
         holders = _holders(by_slice, {pg.id.hex() for pg in own})
         held_by = "; ".join(
-            f"{name} by {', '.join(holders[name])}" if holders.get(name) else f"{name} by nothing"
+            f"{name} by {', '.join(holders.get(name) or ['no placement group (actors, tasks)'])}"
             for name in complete
         )
         reasons.append(
@@ -433,39 +434,6 @@ def _head_slice_names(heads: list[Any]) -> tuple[str, ...]:
     return tuple(names)
 
 
-SETTLE_S = 2.0
-"""How long a placement group that is not ready gets to finish its creation before it is removed
-(:func:`remove_placement_groups`)."""
-
-
-def remove_placement_groups(placement_groups: list[Any], settle_s: float = SETTLE_S) -> None:
-    """Remove ``placement_groups`` (and empty the list): the ready ones first, then the others
-    once each is ready or ``settle_s`` has passed.
-
-    Ray 2.60 leaks the resources of a placement group removed while its creation is in flight
-    (ray-project/ray#64693): removed at once after creation, 16 of 200 single-bundle groups left
-    their bundle held for good. A leaked head resource makes its slice unreservable, so a failed
-    reservation (all or nothing) first lets a group that can still land land, then removes it;
-    one that stays pending holds nothing and is removed as it is. The ready ones go first: what
-    they free may be what a pending one of this same request was waiting for.
-    """
-    import ray
-    from ray.util import placement_group_table
-    from ray.util.placement_group import remove_placement_group
-
-    pending = []
-    for pg in placement_groups:
-        if placement_group_table(pg).get("state") == "CREATED":
-            remove_placement_group(pg)
-        else:
-            pending.append(pg)
-    if pending:
-        ray.wait([pg.ready() for pg in pending], num_returns=len(pending), timeout=settle_s)
-        for pg in pending:
-            remove_placement_group(pg)
-    placement_groups.clear()
-
-
 @contextlib.contextmanager
 def ray_native_reservation(
     shape: SliceShape, num_slices: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
@@ -493,14 +461,19 @@ def ray_native_reservation(
         spg.shutdown()
 
 
-def spare_slice_exists(shape: SliceShape, timeout_s: float = 10.0) -> bool:
+SPARE_CHECK_TIMEOUT_S = 10.0
+"""The bound on :func:`spare_slice_exists`'s placement groups' creation. It was 2 s, and once on
+CI's loaded 2 cores the check answered "no spare" where the test had left a slice free."""
+
+
+def spare_slice_exists(shape: SliceShape, timeout_s: float = SPARE_CHECK_TIMEOUT_S) -> bool:
     """Whether one more whole slice of ``shape`` is free right now: reserved for an instant
     (:func:`reserve_slices`) and released. Not Ray's ``get_num_ready_tpu_slices``: on the
     simulated cluster it counted a free slice while a run held the only one.
 
-    ``timeout_s`` bounds the two placement groups' creation, not a wait for capacity. It was
-    2 s, and once on CI's loaded 2 cores the check answered "no spare" where the test had left
-    a slice free; 10 s stays well below the hang floor the run's other hosts wait under."""
+    ``timeout_s`` bounds the two placement groups' creation, not a wait for capacity; with no
+    spare slice the answer takes all of it, and its release up to
+    :data:`workloads.release.SETTLE_S` more."""
     try:
         with reserve_slices(shape, 1, timeout_s=timeout_s, name="raytpu-spare-check"):
             return True

@@ -227,6 +227,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     f"step {seconds:.2f} s vs baseline {slow.baseline or 0.0:.2f} s; own time "
                     f"{host_s[flagged]:.2f} s of {' '.join(f'{x:.2f}' for x in host_s)}"
                 )
+                if moving:
+                    phase["where"] = "spare-slice check"
+                    watchdog.expect(_spare_check_bound_s())
                 if moving and _spare_slice(config["shape"], me):
                     phase["where"] = "checkpoint"
                     watchdog.expect(good.checkpoint_timeout_s)
@@ -344,6 +347,15 @@ def _spare_slice(shape: Any, me: int) -> bool:
 
     spare = spare_slice_exists(shape) if me == 0 else False
     return bool(multihost_utils.broadcast_one_to_all(np.asarray(spare)))
+
+
+def _spare_check_bound_s() -> float:
+    """The longest :func:`_spare_slice` takes (with no spare slice, all of it): the hang watchdog
+    allows this much around the check."""
+    from workloads.release import SETTLE_S
+    from workloads.reservation import SPARE_CHECK_TIMEOUT_S
+
+    return SPARE_CHECK_TIMEOUT_S + SETTLE_S + 1.0
 
 
 def _slow_delay() -> float:
