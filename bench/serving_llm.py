@@ -18,6 +18,9 @@ Two parts, measured in the same run:
    to a bare jitted KV-cached decode of the same parameters (``lax.fori_loop`` of greedy steps,
    nothing else; the two are called in turn, each repeat) and to the uncached reference (every
    token re-runs the sequence).
+3. **Mixed lengths** (in this process): one batch of long and short prompts sent as one batch whose
+   prefill is grouped by width (:mod:`workloads.prefill_plan`), as one batch prefilled jointly,
+   and as one batch per length bucket in turn (how the batcher kept lengths apart before).
 
     python -m bench.serving_llm [--rates 2 4 8] [--duration 20] [--seed 0]
 """
@@ -297,7 +300,9 @@ def decode_cost(repeats: int) -> list[dict[str, Any]]:
             bare(params, state.kv, token, state.positions).block_until_ready()
             return time.perf_counter() - began
 
-        engine_s, bare_s = (t / DECODE_STEPS for t in _interleaved(engine, bare_loop, repeats))
+        engine_s, bare_s = (
+            t / DECODE_STEPS for t in _interleaved(engine, bare_loop, repeats=repeats)
+        )
         uncached_s = (
             timed(
                 lambda p=prompt: d.generate_tokens_uncached(
@@ -320,15 +325,77 @@ def decode_cost(repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _interleaved(first, second, repeats: int) -> tuple[float, float]:
-    """Medians of ``first()`` and ``second()`` (each returns its own seconds), called in turn so
-    that the load of other processes hits both alike."""
-    first(), second()  # compile
-    a, b = [], []
+def _interleaved(*fns, repeats: int) -> tuple[float, ...]:
+    """Medians of each ``fn()`` (each returns its own seconds), called in turn so that the load
+    of other processes hits them alike."""
+    for fn in fns:
+        fn()  # compile
+    samples: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        a.append(first())
-        b.append(second())
-    return _common.summarize(a).median, _common.summarize(b).median
+        for fn, own in zip(fns, samples, strict=True):
+            own.append(fn())
+    return tuple(_common.summarize(own).median for own in samples)
+
+
+MIXED_PROMPTS = (760, 760, 300, 300, 20, 20, 20, 20)
+"""One batch as the trace makes them: two long system-prompt turns, two mid, four short."""
+
+
+def mixed_batch(repeats: int) -> list[dict[str, Any]]:
+    """One batch of MIXED_PROMPTS (16 new tokens each, default model): sent as one batch with
+    the prefill grouped by width, as one batch prefilled jointly (every row padded to the
+    longest), and as the length-bucket batcher did before (one batch per bucket, in turn)."""
+    import jax
+
+    from workloads import decode as d
+    from workloads import model as m
+    from workloads.engine import Engine, Row
+
+    cfg = m.ModelConfig()
+    params = m.init_state(cfg, jax.random.PRNGKey(0)).params
+    rows = [Row(chr(97 + i) * n, 16, 0.0) for i, n in enumerate(MIXED_PROMPTS)]
+    buckets = (1, 2, 4, 8)
+    grouped = Engine(params, cfg, None, buckets, cap=16)
+    joint = Engine(params, cfg, None, buckets, cap=16, split_prefill=False)
+    widths = {d.length_bucket(n, cfg.context_len) for n in MIXED_PROMPTS}
+    by_bucket = [
+        [
+            r
+            for r, n in zip(rows, MIXED_PROMPTS, strict=True)
+            if d.length_bucket(n, cfg.context_len) == w
+        ]
+        for w in sorted(widths, reverse=True)
+    ]
+    seen: dict[str, list[Any]] = {}
+
+    def timed(label: str, engine: Engine, batches: list[list[Row]]):
+        def run() -> float:
+            began = time.perf_counter()
+            seen[label] = [engine.generate(batch, seed=0)[1] for batch in batches]
+            return time.perf_counter() - began
+
+        return run
+
+    modes = {
+        "one batch, prefill by width": timed("grouped", grouped, [rows]),
+        "one batch, joint prefill": timed("joint", joint, [rows]),
+        "a batch per length bucket": timed("bucketed", joint, by_bucket),
+    }
+    medians = _interleaved(*modes.values(), repeats=repeats)
+    out = []
+    for (label, _), key, wall in zip(modes.items(), seen, medians, strict=True):
+        timings = seen[key]
+        out.append(
+            {
+                "mode": label,
+                "wallS": wall,
+                "prefillS": sum(t.prefill_s for t in timings),
+                "positions": sum(t.prefill_positions for t in timings),
+                "programs": sum(t.prefill_groups for t in timings),
+            }
+        )
+    _common.progress("mixed batch: " + ", ".join(f"{r['mode']} {r['wallS']:.2f} s" for r in out))
+    return out
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -393,6 +460,21 @@ def report(result: dict[str, Any]) -> None:
             for r in result["decode"]
         ],
     )
+    _common.print_table(
+        f"One batch of prompts of {', '.join(map(str, MIXED_PROMPTS))} bytes, 16 new tokens each "
+        "(default model, one device)",
+        ["sent as", "wall (median)", "prefill", "prefill positions", "prefill programs"],
+        [
+            [
+                r["mode"],
+                _common.fmt_seconds(r["wallS"]),
+                _common.fmt_seconds(r["prefillS"]),
+                r["positions"],
+                r["programs"],
+            ]
+            for r in result["mixed"]
+        ],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         result["traffic"] = []
     _common.progress("decode cost, in this process")
     result["decode"] = decode_cost(args.repeats)
+    _common.progress("a batch of mixed prompt lengths, in this process")
+    result["mixed"] = mixed_batch(args.repeats)
     result["machine"] = _common.machine_info()
     report(result)
     path = _common.write_results("serving_llm", result)

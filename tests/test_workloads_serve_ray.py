@@ -99,6 +99,22 @@ def test_one_poisoned_request_among_three_good_ones(serving, poison, status, fra
     assert all(1 <= len(r.body["completion"]) <= 4 for r in ok)
 
 
+def test_prompts_of_different_lengths_share_one_batch(serving):
+    prompts = ("Where did", "The long one. " * 25, "In the morning")  # widths 16, 512, 16
+    bodies = [
+        json.dumps({"prompt": p, "max_new_tokens": 4, "temperature": 0}).encode() for p in prompts
+    ]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        replies = list(
+            pool.map(lambda raw: post_json(serving.url, None, raw=raw, timeout_s=120), bodies)
+        )
+    assert [r.status for r in replies] == [200, 200, 200], [r.body for r in replies]
+    assert [r.body["batch_size"] for r in replies] == [3, 3, 3]
+    # The replica's 4 chips hold one row each of a batch of 4: a width group would still take
+    # a row on every chip, so this batch prefills jointly (grouping: batches of 5 to 8 here).
+    assert {r.body["prefill_groups"] for r in replies} == {1}
+
+
 def test_a_drained_tpu_replica_falls_back_to_the_cpu_replica_and_back(serving):
     from ray import serve
 

@@ -344,7 +344,8 @@ def test_router_falls_back_while_the_tpu_deployment_is_unavailable_and_returns_a
 
 def test_sharded_prefill_and_decode_run_without_collectives(tmp_path):
     """On a 4-device mesh: XLA's CPU runtime deadlocks on collectives when programs overlap on
-    2 cores, and a collective per decode step would be slow anywhere."""
+    2 cores, and a collective per decode step would be slow anywhere. The width groups' takes and
+    puts stay on each row's device too, and a grouped batch gives the one-device tokens."""
     import subprocess
     import sys
 
@@ -365,9 +366,20 @@ texts = [
     fns["decode"].lower(params, kv, place(np.zeros((4, 256), np.float32)), rows,
                         place(np.zeros(4, np.float32)), jax.random.PRNGKey(0), jnp.int32(2), cap=8),
 ]
+local = place(np.array([0, 2, 1, 2], np.int32))  # a width group: rows 0 and 1 of two devices
+texts += [
+    fns["take_rows"].lower(kv, local),
+    fns["put_rows"].lower((kv, rows), (kv, rows), local),
+]
 for lowered in texts:
     hlo = lowered.compile().as_text()
     assert not [op for op in ("all-gather", "all-reduce", "collective-permute") if op in hlo]
+# Widths 64, 32 and 16, grouped on the mesh: the tokens of one device's joint prefill.
+from workloads.engine import Engine, Row
+batch = [Row(p, 4, 0.0) for p in ("a", "b" * 40, "c" * 20, "d", "e" * 40, "f")]
+on_mesh, timing = Engine(params, cfg, mesh, (4, 8), cap=8).generate(batch, seed=0)
+alone = Engine(params, cfg, None, (8,), cap=8, split_prefill=False).generate(batch, seed=0)[0]
+assert timing.prefill_groups == 3 and on_mesh == alone, (timing, on_mesh, alone)
 print("ok")
 """
     )

@@ -22,6 +22,7 @@ grow with the prompt: per-token cost is flat in context. Sampling: key ``k`` =
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from workloads import model as m
+from workloads.prefill_plan import FILLER, PrefillGroup
 
 MIN_BUCKET = 16
 """Shortest prefill length: shorter prompts are padded to it (one compile covers them)."""
@@ -145,7 +147,17 @@ def _compiled(cfg: m.ModelConfig, mesh: jax.sharding.Mesh | None = None) -> dict
             for layer, pair in enumerate(kv)
         )
 
+    def take_rows(kv, local):
+        return jax.tree.map(lambda t: jnp.take(t, local, axis=0, mode="fill", fill_value=0), kv)
+
+    def put_rows(full, part, local):
+        return jax.tree.map(
+            lambda t, p: t.at[local].set(p.astype(t.dtype), mode="drop"), full, part
+        )
+
     return {
+        "take_rows": jax.jit(per_device(take_rows, (rows, rows), rows)),
+        "put_rows": jax.jit(per_device(put_rows, (rows, rows, rows), rows), donate_argnums=0),
         "prefill": jax.jit(
             per_device(prefill, (same, rows, rows, rows, rows), (rows, rows)), donate_argnums=1
         ),
@@ -217,6 +229,56 @@ def prefill(
     )
     temps = place(np.asarray(temperatures, np.float32))
     return DecodeState(kv, logits, place(lengths), temps, jax.random.PRNGKey(seed), mesh)
+
+
+def prefill_groups(
+    params: Any,
+    cfg: m.ModelConfig,
+    kv: m.KVCache,
+    ids: list[np.ndarray],
+    starts: list[int],
+    temperatures: list[float],
+    seed: int,
+    groups: Sequence[PrefillGroup],
+    mesh: jax.sharding.Mesh | None = None,
+) -> DecodeState:
+    """:func:`prefill` of a batch one width group at a time (:mod:`workloads.prefill_plan`): each
+    group's rows are taken from ``kv`` (with their prefix-cache blocks) on their own device,
+    prefilled at the group's width, and put back with their logits. Slots in no group keep an
+    empty row and zero logits (they hold no request). ``kv`` is donated."""
+    per = len(ids) // (mesh.size if mesh is not None else 1)
+    place = functools.partial(m.place_batch, mesh=mesh)
+    fns = _compiled(cfg, mesh)
+    logits = place(np.zeros((len(ids), m.VOCAB), np.float32))
+    filler = np.array([PAD_TOKEN], np.int32)
+    for group in groups:
+        local = place(np.asarray(group.local_rows(per), np.int32))
+        sub_ids = [filler if s == FILLER else ids[s] for s in group.slots]
+        sub_starts = [0 if s == FILLER else starts[s] for s in group.slots]
+        sub = prefill(
+            params, cfg, fns["take_rows"](kv, local), sub_ids, sub_starts, [0.0] * len(sub_ids),
+            seed, mesh,
+        )  # fmt: skip
+        kv, logits = fns["put_rows"]((kv, logits), (sub.kv, sub.logits), local)
+    lengths = place(np.array([len(row) for row in ids], np.int32))
+    temps = place(np.asarray(temperatures, np.float32))
+    return DecodeState(kv, logits, lengths, temps, jax.random.PRNGKey(seed), mesh)
+
+
+def compile_row_moves(cfg: m.ModelConfig, sizes: Sequence[int], mesh: Any = None) -> None:
+    """Compile :func:`prefill_groups`' takes and puts for every batch size in ``sizes`` and every
+    sub-batch size up to it (a replica does this when it starts, not on a request)."""
+    devices = mesh.size if mesh is not None else 1
+    place = functools.partial(m.place_batch, mesh=mesh)
+    fns = _compiled(cfg, mesh)
+    for size in sizes:
+        kv = new_cache(cfg, size, mesh)
+        logits = place(np.zeros((size, m.VOCAB), np.float32))
+        for sub in (s for s in sizes if s <= size):
+            local = place(np.full(sub, size // devices, np.int32))  # every row a filler
+            part = (fns["take_rows"](kv, local), place(np.zeros((sub, m.VOCAB), np.float32)))
+            kv, logits = fns["put_rows"]((kv, logits), part, local)
+        jax.block_until_ready(kv)
 
 
 def decode(

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from workloads import decode
+from workloads import decode, prefill_plan
 from workloads.prefix_cache import PrefixCache
 
 STREAM_CHUNK = 8
@@ -39,6 +39,12 @@ class Timing:
     """Per row: the tier of its last prefix-cache hit, ``""`` for none."""
     starts: list[int] = field(default_factory=list)
     """Per row: prompt tokens taken from the prefix cache (its prefill starts there)."""
+    slots: list[int] = field(default_factory=list)
+    """Per row: its slot in the batch (:func:`workloads.prefill_plan.place`)."""
+    prefill_positions: int = 0
+    """Token positions the prefill computed, padding included (:mod:`workloads.prefill_plan`)."""
+    prefill_groups: int = 1
+    """Prefill programs run: 1 for a joint prefill, else one per width group."""
 
 
 PAD_ROW = Row(" ", 1, 0.0)
@@ -55,33 +61,67 @@ class Engine:
         buckets: tuple[int, ...],
         prefix: PrefixCache | None = None,
         cap: int = 256,
+        split_prefill: bool = True,
     ) -> None:
         self.params, self.cfg, self.mesh = params, cfg, mesh
         self.buckets, self.prefix, self.cap = buckets, prefix, cap
+        self.split_prefill = split_prefill
+        """False: every batch prefills jointly, padded to its longest prompt (the benchmark's
+        side-by-side)."""
 
-    def _padded(self, rows: list[Row]) -> list[Row]:
+    def _size(self, rows: list[Row]) -> int:
         if not 1 <= len(rows) <= self.buckets[-1]:
             raise ValueError(f"batch size: {len(rows)} is not valid; valid: 1..{self.buckets[-1]}")
-        size = next(b for b in self.buckets if b >= len(rows))
-        return [*rows, *[PAD_ROW] * (size - len(rows))]
+        return next(b for b in self.buckets if b >= len(rows))
 
     def _prefill(self, rows: list[Row], seed: int, timing: Timing) -> decode.DecodeState:
+        """The batch's prefill, its rows in the slots :func:`prefill_plan.place` picks (by prompt
+        length, before prefix-cache hits are known); ``timing.slots`` maps them back."""
         began = time.perf_counter()
-        batch = self._padded(rows)
-        ids = [decode.prompt_ids(self.cfg, r.prompt, r.max_new_tokens) for r in batch]
-        kv = decode.new_cache(self.cfg, len(batch), self.mesh)
-        starts = [0] * len(batch)
+        cfg, size = self.cfg, self._size(rows)
+        devices = self.mesh.size if self.mesh is not None else 1
+        asked = [decode.prompt_ids(cfg, r.prompt, r.max_new_tokens) for r in rows]
+        widths = [decode.length_bucket(len(i), cfg.context_len) for i in asked]
+        order = prefill_plan.place(widths, size, devices)
+        batch = [PAD_ROW if i == prefill_plan.FILLER else rows[i] for i in order]
+        ids = [
+            decode.prompt_ids(cfg, PAD_ROW.prompt, 1) if i == prefill_plan.FILLER else asked[i]
+            for i in order
+        ]
+        kv = decode.new_cache(cfg, size, self.mesh)
+        starts, tiers = [0] * size, [""] * size
         if self.prefix is not None:
-            kv, starts, timing.tiers = self.prefix.load(kv, ids)
+            kv, starts, tiers = self.prefix.load(kv, ids)
         temps = [r.temperature for r in batch]
-        state = decode.prefill(self.params, self.cfg, kv, ids, starts, temps, seed, self.mesh)
-        if self.prefix is not None:
-            self.prefix.store(state.kv, ids[: len(rows)], starts[: len(rows)])
+        real = [i != prefill_plan.FILLER for i in order]
+        plan = prefill_plan.plan_prefill(
+            [
+                decode.length_bucket(len(i) - s, cfg.context_len)
+                for i, s in zip(ids, starts, strict=True)
+            ],
+            real,
+            devices,
+            self.buckets,
+        )
+        groups = plan.groups if self.split_prefill else ()
+        if groups:
+            state = decode.prefill_groups(
+                self.params, cfg, kv, ids, starts, temps, seed, groups, self.mesh
+            )
+        else:
+            state = decode.prefill(self.params, cfg, kv, ids, starts, temps, seed, self.mesh)
+        if self.prefix is not None:  # an empty slot's one pad token makes no block
+            self.prefix.store(state.kv, ids, starts)
         state.logits.block_until_ready()
+        slot_of = {request: slot for slot, request in enumerate(order) if request >= 0}
+        timing.slots = [slot_of[i] for i in range(len(rows))]
         timing.prefill_s = time.perf_counter() - began
-        timing.prefill_tokens = sum(len(i) - s for i, s in zip(ids, starts, strict=True))
-        timing.cached_tokens = sum(starts[: len(rows)])
-        timing.starts = list(starts[: len(rows)])
+        timing.prefill_tokens = sum(len(ids[s]) - starts[s] for s in timing.slots)
+        timing.prefill_positions = plan.group_tokens if groups else plan.joint_tokens
+        timing.prefill_groups = max(1, len(groups))
+        timing.cached_tokens = sum(starts[s] for s in timing.slots)
+        timing.starts = [starts[s] for s in timing.slots]
+        timing.tiers = [tiers[s] for s in timing.slots]
         return state
 
     def generate(self, rows: list[Row], seed: int) -> tuple[list[list[int]], Timing]:
@@ -93,7 +133,10 @@ class Engine:
         tokens, _ = decode.decode(self.params, self.cfg, state, steps, cap=self.cap)
         timing.decode_s = time.perf_counter() - began
         timing.first_token_s = timing.prefill_s + timing.decode_s / steps
-        return [t[: r.max_new_tokens].tolist() for t, r in zip(tokens, rows, strict=False)], timing
+        return [
+            tokens[slot][: r.max_new_tokens].tolist()
+            for slot, r in zip(timing.slots, rows, strict=True)
+        ], timing
 
     def stream(
         self, rows: list[Row], seed: int, chunk: int = STREAM_CHUNK, timing: Timing | None = None
@@ -112,8 +155,8 @@ class Engine:
             if done == 0:
                 timing.first_token_s = timing.prefill_s + time.perf_counter() - began
             yield [
-                t[: max(0, min(size, r.max_new_tokens - done))].tolist()
-                for t, r in zip(tokens, rows, strict=False)
+                tokens[slot][: max(0, min(size, r.max_new_tokens - done))].tolist()
+                for slot, r in zip(timing.slots, rows, strict=True)
             ]
             done += size
         timing.decode_s = time.perf_counter() - began
@@ -125,6 +168,8 @@ class Engine:
         the first request that needs them). The prefix cache is left out."""
         prefix, self.prefix = self.prefix, None
         try:
+            if self.split_prefill:
+                decode.compile_row_moves(self.cfg, self.buckets, self.mesh)
             for size in self.buckets:
                 rows = [PAD_ROW] * size
                 for _ in self.stream(rows, seed=0):

@@ -141,20 +141,17 @@ class TextGenerator:
             self._run_batch,
             max_batch=options.max_batch_size,
             max_wait_s=options.batch_wait_s,
-            key=self._length_key,
+            key=self._batch_key,
             adaptive=options.adaptive,
         )
         self._draining = False
         self._calls = 0
         self._timing = Timing()
 
-    def _length_key(self, job: Job) -> tuple[bool, int]:
-        """Streaming and whole requests batch apart; within each, by prompt length bucket."""
-        from workloads import decode
-
-        request = job.request
-        ids = decode.prompt_ids(self._cfg, request.prompt, request.max_new_tokens)
-        return job.sink is not None, decode.length_bucket(len(ids), self._cfg.context_len)
+    def _batch_key(self, job: Job) -> bool:
+        """Streaming and whole requests batch apart; prompts of any length share a batch (the
+        engine prefills each length bucket on its own: :mod:`workloads.prefill_plan`)."""
+        return job.sink is not None
 
     def _generate(self, jobs: list[Job]) -> list[str]:
         """Completions of a batch (``""`` for streamed jobs: their tokens went to the sinks)."""
@@ -194,6 +191,8 @@ class TextGenerator:
             "compute_ms": round(compute_s * 1000, 1),
             "prefill_ms": round(timing.prefill_s * 1000, 2),
             "prefill_tokens": timing.prefill_tokens,
+            "prefill_positions": timing.prefill_positions,
+            "prefill_groups": timing.prefill_groups,
         }
         tiers = timing.tiers or [""] * len(requests)
         starts = timing.starts or [0] * len(requests)
