@@ -212,40 +212,48 @@ def prefill(
     temperatures: list[float],
     seed: int,
     mesh: jax.sharding.Mesh | None = None,
+    groups: Sequence[PrefillGroup] = (),
 ) -> DecodeState:
     """Run each row's prompt tokens from ``starts[row]`` on (earlier positions must already be
-    in ``kv``; ``kv`` is donated) and return the state to decode from."""
+    in ``kv``; ``kv`` is donated) and return the state to decode from: in one program padded to
+    the longest row, or with ``groups`` one width group at a time (:func:`_by_width`)."""
     lengths = np.array([len(row) for row in ids], np.int32)
     begin = np.array(starts, np.int32)
     if np.any(begin < 0) or np.any(begin >= lengths):
         raise ValueError(f"starts: {starts} is not valid; valid: 0 <= start < prompt length")
+    place = functools.partial(m.place_batch, mesh=mesh)
+    if groups:
+        logits, kv = _by_width(params, cfg, mesh, kv, ids, begin, groups)
+    else:
+        logits, kv = _joint(params, cfg, mesh, kv, ids, begin)
+    temps = place(np.asarray(temperatures, np.float32))
+    return DecodeState(kv, logits, place(lengths), temps, jax.random.PRNGKey(seed), mesh)
+
+
+def _joint(params: Any, cfg: m.ModelConfig, mesh: Any, kv: m.KVCache, ids: list, begin: Any):
+    """Every row in one prefill program, right-padded to the longest row's length bucket."""
+    lengths = np.array([len(row) for row in ids], np.int32)
     width = length_bucket(int((lengths - begin).max()), cfg.context_len)
     tokens = np.full((len(ids), width), PAD_TOKEN, np.int32)
     for row, (seq, start) in enumerate(zip(ids, begin, strict=True)):
         tokens[row, : len(seq) - start] = seq[start:]
     place = functools.partial(m.place_batch, mesh=mesh)
-    logits, kv = _compiled(cfg, mesh)["prefill"](
-        params, kv, place(tokens), place(begin), place(lengths)
-    )
-    temps = place(np.asarray(temperatures, np.float32))
-    return DecodeState(kv, logits, place(lengths), temps, jax.random.PRNGKey(seed), mesh)
+    return _compiled(cfg, mesh)["prefill"](params, kv, place(tokens), place(begin), place(lengths))
 
 
-def prefill_groups(
+def _by_width(
     params: Any,
     cfg: m.ModelConfig,
+    mesh: Any,
     kv: m.KVCache,
-    ids: list[np.ndarray],
-    starts: list[int],
-    temperatures: list[float],
-    seed: int,
+    ids: list,
+    begin: Any,
     groups: Sequence[PrefillGroup],
-    mesh: jax.sharding.Mesh | None = None,
-) -> DecodeState:
-    """:func:`prefill` of a batch one width group at a time (:mod:`workloads.prefill_plan`): each
-    group's rows are taken from ``kv`` (with their prefix-cache blocks) on their own device,
-    prefilled at the group's width, and put back with their logits. Slots in no group keep an
-    empty row and zero logits (they hold no request). ``kv`` is donated."""
+):
+    """One width group at a time (:mod:`workloads.prefill_plan`): each group's rows are taken
+    from ``kv`` (with their prefix-cache blocks) on their own device, prefilled jointly at the
+    group's width, and put back with their logits. Slots in no group keep an empty row and zero
+    logits (they hold no request)."""
     per = len(ids) // (mesh.size if mesh is not None else 1)
     place = functools.partial(m.place_batch, mesh=mesh)
     fns = _compiled(cfg, mesh)
@@ -254,19 +262,14 @@ def prefill_groups(
     for group in groups:
         local = place(np.asarray(group.local_rows(per), np.int32))
         sub_ids = [filler if s == FILLER else ids[s] for s in group.slots]
-        sub_starts = [0 if s == FILLER else starts[s] for s in group.slots]
-        sub = prefill(
-            params, cfg, fns["take_rows"](kv, local), sub_ids, sub_starts, [0.0] * len(sub_ids),
-            seed, mesh,
-        )  # fmt: skip
-        kv, logits = fns["put_rows"]((kv, logits), (sub.kv, sub.logits), local)
-    lengths = place(np.array([len(row) for row in ids], np.int32))
-    temps = place(np.asarray(temperatures, np.float32))
-    return DecodeState(kv, logits, lengths, temps, jax.random.PRNGKey(seed), mesh)
+        sub_begin = np.array([0 if s == FILLER else begin[s] for s in group.slots], np.int32)
+        got, sub_kv = _joint(params, cfg, mesh, fns["take_rows"](kv, local), sub_ids, sub_begin)
+        kv, logits = fns["put_rows"]((kv, logits), (sub_kv, got), local)
+    return logits, kv
 
 
 def compile_row_moves(cfg: m.ModelConfig, sizes: Sequence[int], mesh: Any = None) -> None:
-    """Compile :func:`prefill_groups`' takes and puts for every batch size in ``sizes`` and every
+    """Compile :func:`_by_width`'s takes and puts for every batch size in ``sizes`` and every
     sub-batch size up to it (a replica does this when it starts, not on a request)."""
     devices = mesh.size if mesh is not None else 1
     place = functools.partial(m.place_batch, mesh=mesh)

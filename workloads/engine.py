@@ -104,12 +104,7 @@ class Engine:
             self.buckets,
         )
         groups = plan.groups if self.split_prefill else ()
-        if groups:
-            state = decode.prefill_groups(
-                self.params, cfg, kv, ids, starts, temps, seed, groups, self.mesh
-            )
-        else:
-            state = decode.prefill(self.params, cfg, kv, ids, starts, temps, seed, self.mesh)
+        state = decode.prefill(self.params, cfg, kv, ids, starts, temps, seed, self.mesh, groups)
         if self.prefix is not None:  # an empty slot's one pad token makes no block
             self.prefix.store(state.kv, ids, starts)
         state.logits.block_until_ready()
