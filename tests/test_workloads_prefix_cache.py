@@ -83,6 +83,8 @@ def test_a_shared_system_prompt_skips_its_prefill_and_changes_no_token(tiny, dev
     assert warm.cached_tokens == 48 and warm.tiers == [tier]
     assert cache.counts.hits[tier] >= 1 and cache.counts.skipped_tokens == 48
     assert warm.prefill_tokens == len(second[0].prompt) - 48
+    # The work skipped: the prefill program is a quarter as wide (length buckets 128 -> 32).
+    assert (cold.prefill_positions, warm.prefill_positions) == (128, 32)
     uncached = decode.generate_tokens_uncached(params, cfg, [second[0].prompt], [6], [0.7], 2)
     assert tokens == uncached
 
