@@ -46,6 +46,6 @@ COPY --chown=ray:users raytpu ./raytpu
 COPY --chown=ray:users workloads ./workloads
 COPY --chown=ray:users raytpu_cli ./raytpu_cli
 RUN pip install --no-cache-dir --no-deps . \
-    && python -c "import workloads.train, workloads.serve, raytpu.catalog; print('ray-tpu image ok')"
+    && python -c "import workloads.training.driver, workloads.serving.app, raytpu.catalog; print('ray-tpu image ok')"
 
 ENV RAY_USAGE_STATS_ENABLED=0

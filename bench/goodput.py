@@ -1,9 +1,9 @@
 """Goodput under injected faults: one training run per fault class, and one without.
 
-Each run trains the byte-level LM (:mod:`workloads.train`) on a local slice cluster of one v6e 2x4
+Each run trains the byte-level LM (:mod:`workloads.training.driver`) on a local slice cluster of one v6e 2x4
 slice on two 4-chip hosts, checkpoints on the GCS emulator (durable tier, every
 ``--checkpoint-every`` steps) and each host's disk (fast tier, every ``--fast-every``), with one
-fault from :mod:`workloads.faults` at ``--at`` (on host 1, a slow host on host 0). The
+fault from :mod:`workloads.training.faults` at ``--at`` (on host 1, a slow host on host 0). The
 ``preempt`` run is longer (``--preempt-steps``): host 1's node is drained for preemption with
 ``--preempt-grace`` seconds to its deadline, as GKE's SIGTERM does, and must still be training
 when the deadline comes; the simulated node pool then kills the host and starts a new one.
@@ -12,7 +12,7 @@ when the deadline comes; the simulated node pool then kills the host and starts 
   run's wall time (capacity checks, worker start-up, compilation, restores and redone steps are
   the rest);
 - **recovery** = seconds from a failed attempt until the next attempt finished a step (the
-  :class:`workloads.goodput.GoodputEvent` duration), for the classes that restart;
+  :class:`workloads.training.goodput.GoodputEvent` duration), for the classes that restart;
 - **redone steps** = steps trained more than once (:attr:`TrainResult.redone_steps`: back to
   the restored checkpoint after a restart, a rollback, or what a preempted host trained after its
   emergency checkpoint).
@@ -57,10 +57,10 @@ def run(
     preempt_grace_s: float,
 ) -> dict[str, Any]:
     from raytpu_cli.common import SliceChoice
-    from workloads.gcs_emulator import GcsEmulator
-    from workloads.goodput import GoodputConfig
-    from workloads.local_cluster import LocalSliceCluster
-    from workloads.train import TrainConfig, run_training
+    from workloads.sim.gcs_emulator import GcsEmulator
+    from workloads.sim.local_cluster import LocalSliceCluster
+    from workloads.training.driver import TrainConfig, run_training
+    from workloads.training.goodput import GoodputConfig
 
     shape = catalog.shape("v6e", "2x4", machine_type="ct6e-standard-4t")
     rows = []

@@ -1,10 +1,10 @@
 """Slice reservation on the simulated slice cluster: our module vs Ray's vs a plain placement group.
 
-Starts one local slice cluster (:mod:`workloads.local_cluster`) of ``--cluster-slices`` slices of
+Starts one local slice cluster (:mod:`workloads.sim.local_cluster`) of ``--cluster-slices`` slices of
 v6e 2x4 on 4-chip hosts (2 hosts per slice), then measures, in the same run:
 
 1. **Time to ready**: reserving 1, 2 and 4 whole slices through
-   :func:`workloads.reservation.reserve_slices` (all head placement groups at once, slice names
+   :func:`workloads.slices.reservation.reserve_slices` (all head placement groups at once, slice names
    from the node table, then one label-pinned bundle per host) vs Ray's own
    ``ray.util.tpu.slice_placement_group`` (heads one after another, a task per head to read the
    slice name) vs a plain ``ray.util.placement_group`` with the same bundles and strategy (no
@@ -83,7 +83,7 @@ def wait_idle(expected_tpu: float, timeout_s: float = 30.0) -> float:
 
 def time_ours(shape: catalog.SliceShape, num_slices: int, timeout_s: float) -> float:
     """Seconds from the request until :func:`reserve_slices` has every bundle placed."""
-    from workloads.reservation import reserve_slices
+    from workloads.slices.reservation import reserve_slices
 
     began = time.perf_counter()
     with reserve_slices(shape, num_slices, timeout_s=timeout_s) as reservation:
@@ -97,7 +97,7 @@ def time_ours(shape: catalog.SliceShape, num_slices: int, timeout_s: float) -> f
 
 def time_ray(shape: catalog.SliceShape, num_slices: int, timeout_s: float) -> float:
     """Seconds until Ray's own ``slice_placement_group`` is ready."""
-    from workloads.reservation import ray_native_reservation
+    from workloads.slices.reservation import ray_native_reservation
 
     began = time.perf_counter()
     with ray_native_reservation(shape, num_slices, timeout_s=timeout_s):
@@ -110,7 +110,7 @@ def time_plain(shape: catalog.SliceShape, num_slices: int, timeout_s: float) -> 
     import ray
     from ray.util.placement_group import placement_group
 
-    from workloads.release import remove_placement_groups
+    from workloads.slices.release import remove_placement_groups
 
     began = time.perf_counter()
     pg = placement_group(plain_bundles(shape, num_slices), strategy=STRATEGY)
@@ -231,7 +231,7 @@ def contend_ours(
     shape: catalog.SliceShape, requests: int, timeout_s: float, monitor: SliceMonitor
 ) -> Outcome:
     """``requests`` concurrent one-slice reservations; holders keep their slice until all ended."""
-    from workloads.reservation import SliceReservationError, reserve_slices
+    from workloads.slices.reservation import SliceReservationError, reserve_slices
 
     outcome = Outcome()
     lock = threading.Lock()
@@ -284,7 +284,7 @@ def contend_plain(
     import ray
     from ray.util.placement_group import placement_group
 
-    from workloads.release import remove_placement_groups
+    from workloads.slices.release import remove_placement_groups
 
     outcome = Outcome()
     began = time.perf_counter()
@@ -329,7 +329,7 @@ def run(
     requests: int,
     timeout_s: float,
 ) -> dict[str, Any]:
-    from workloads.local_cluster import LocalSliceCluster
+    from workloads.sim.local_cluster import LocalSliceCluster
 
     for count in slice_counts:
         if not 1 <= count <= cluster_slices:

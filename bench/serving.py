@@ -1,13 +1,13 @@
 """Serving: the HTTP application vs calling the model in-process, with and without batching.
 
-A checkpoint of the workload's model (:mod:`workloads.model`, freshly initialised: generation
-cost does not depend on the weights) is saved with :func:`workloads.checkpoint.save_state`. Then, in
+A checkpoint of the workload's model (:mod:`workloads.model.byte_lm`, freshly initialised: generation
+cost does not depend on the weights) is saved with :func:`workloads.model.checkpoint.save_state`. Then, in
 the same run:
 
-- **in-process**: :func:`workloads.decode.generate` called directly in this process, one prompt
+- **in-process**: :func:`workloads.serving.engine.decode.generate` called directly in this process, one prompt
   per call and ``MAX_BATCH_SIZE`` prompts per call: the floor the HTTP path is compared with;
-- **HTTP, dynamic batching**: the real application (:func:`workloads.serve.build_app`, its
-  ``@serve.batch`` settings) deployed with :func:`workloads.serve.deploy` on a local slice
+- **HTTP, dynamic batching**: the real application (:func:`workloads.serving.app.build_app`, its
+  ``@serve.batch`` settings) deployed with :func:`workloads.serving.app.deploy` on a local slice
   cluster holding one single-host v6e 2x2 serving slice, called over loopback HTTP;
 - **HTTP, no batching**: the same deployment class with ``max_batch_size`` 1.
 
@@ -54,8 +54,8 @@ def write_checkpoint(directory: str, seed: int = 0) -> None:
     """A step-1 checkpoint of the workload's default model, saved the way training saves it."""
     import jax
 
-    from workloads import model as m
-    from workloads.checkpoint import open_checkpoints, save_state
+    from workloads.model import byte_lm as m
+    from workloads.model.checkpoint import open_checkpoints, save_state
 
     cfg = m.ModelConfig()
     state = m.init_state(cfg, jax.random.PRNGKey(seed))
@@ -79,7 +79,7 @@ def write_checkpoint_process(directory: str, timeout_s: float = 300.0) -> None:
 def build(checkpoint_dir: str, batching: bool, shape: catalog.SliceShape) -> Any:
     """Both applications fit on the one serving host at once: each replica asks half its chips.
     Without batching: the same deployment with batches of one request and no wait."""
-    from workloads.serve import ServeOptions, build_app
+    from workloads.serving.app import ServeOptions, build_app
 
     options = ServeOptions() if batching else ServeOptions(max_batch_size=1, batch_wait_s=0.0)
     return build_app(checkpoint_dir, tpu_per_replica=REPLICA_TPU, options=options)
@@ -92,14 +92,14 @@ class InProcessModel:
     """The checkpoint restored in this process; :meth:`measure` times ``generate`` calls."""
 
     def __init__(self, checkpoint_dir: str, max_new_tokens: int) -> None:
-        from workloads.checkpoint import restore_params
+        from workloads.model.checkpoint import restore_params
 
         self.params, self.cfg, _ = restore_params(checkpoint_dir)
         self.max_new_tokens = max_new_tokens
         self._calls = 0
 
     def measure(self, batch: int, calls: int) -> dict[str, Any]:
-        from workloads.decode import generate
+        from workloads.serving.engine.decode import generate
 
         prompts = [PROMPT] * batch
         tokens = [self.max_new_tokens] * batch
@@ -197,8 +197,8 @@ def run(
     time_limit_s: float,
     max_new_tokens: int,
 ) -> dict[str, Any]:
-    from workloads.local_cluster import LocalSliceCluster
-    from workloads.serve import BATCH_WAIT_S, MAX_BATCH_SIZE, deploy, shutdown
+    from workloads.serving.app import BATCH_WAIT_S, MAX_BATCH_SIZE, deploy, shutdown
+    from workloads.sim.local_cluster import LocalSliceCluster
 
     for c in concurrency:
         if c < 1:

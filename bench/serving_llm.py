@@ -14,12 +14,12 @@ Two parts, measured in the same run:
    TPOT p50/p99, completed requests/s, output tokens/s, and the prefix-cache hit rate (blocks
    found / blocks looked up, from the replica's counters over that run).
 2. **Decode cost** (in this process, the default model, ``context_len`` 1024): time per new token
-   of the engine's decode loop (:func:`workloads.decode.decode`) at several prompt lengths, next
+   of the engine's decode loop (:func:`workloads.serving.engine.decode.decode`) at several prompt lengths, next
    to a bare jitted KV-cached decode of the same parameters (``lax.fori_loop`` of greedy steps,
    nothing else; the two are called in turn, each repeat) and to the uncached reference (every
    token re-runs the sequence).
 3. **Mixed lengths** (in this process): one batch of long and short prompts sent as one batch whose
-   prefill is grouped by width (:mod:`workloads.prefill_plan`), as one batch prefilled jointly,
+   prefill is grouped by width (:mod:`workloads.serving.engine.prefill_plan`), as one batch prefilled jointly,
    and as one batch per length bucket in turn (how the batcher kept lengths apart before).
 
     python -m bench.serving_llm [--rates 2 4 8] [--duration 20] [--seed 0]
@@ -63,7 +63,7 @@ class Request:
 def trace(seed: int, rate: float, duration_s: float) -> list[Request]:
     """Poisson arrivals at ``rate`` per second for ``duration_s``; prompts cut from the corpus:
     a system prompt (by SYSTEM_WEIGHTS) then a user turn of USER_LENGTHS bytes."""
-    from workloads import corpus
+    from workloads.data import corpus
 
     text = corpus.load_corpus()
     rng = np.random.default_rng(seed)
@@ -142,7 +142,7 @@ def floor_deployment() -> Any:
         async def __call__(self, request: Any) -> Any:
             from starlette.responses import StreamingResponse
 
-            from workloads import openai_api
+            from workloads.serving import openai_api
 
             parsed = openai_api.parse(
                 openai_api.COMPLETIONS, await request.body(), "raytpu-byte-lm"
@@ -176,8 +176,8 @@ def _hit_rate(before: dict[str, Any] | None, after: dict[str, Any] | None) -> fl
 
 
 def traffic(checkpoint_dir: str, rates: Sequence[float], duration_s: float, seed: int) -> list:
-    from workloads.local_cluster import LocalSliceCluster
-    from workloads.serve import ServeOptions, build_app, deploy, shutdown
+    from workloads.serving.app import ServeOptions, build_app, deploy, shutdown
+    from workloads.sim.local_cluster import LocalSliceCluster
 
     shape = serve_shape()
     apps = {
@@ -253,8 +253,8 @@ def decode_cost(repeats: int) -> list[dict[str, Any]]:
     import jax
     import jax.numpy as jnp
 
-    from workloads import decode as d
-    from workloads import model as m
+    from workloads.model import byte_lm as m
+    from workloads.serving.engine import decode as d
 
     cfg = m.ModelConfig()
     params = m.init_state(cfg, jax.random.PRNGKey(0)).params
@@ -347,9 +347,9 @@ def mixed_batch(repeats: int) -> list[dict[str, Any]]:
     longest), and as the length-bucket batcher did before (one batch per bucket, in turn)."""
     import jax
 
-    from workloads import decode as d
-    from workloads import model as m
-    from workloads.engine import Engine, Row
+    from workloads.model import byte_lm as m
+    from workloads.serving.engine import decode as d
+    from workloads.serving.engine.engine import Engine, Row
 
     cfg = m.ModelConfig()
     params = m.init_state(cfg, jax.random.PRNGKey(0)).params

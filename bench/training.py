@@ -1,12 +1,12 @@
 """Training overhead: the same Flax train step bare vs through JaxTrainer on a simulated slice.
 
-Both sides run :func:`timed_steps`, which calls :func:`workloads.model.train_step` the way
-:mod:`workloads.train` does (a 1-D ``data`` mesh over every device, replicated state, the global
+Both sides run :func:`timed_steps`, which calls :func:`workloads.model.byte_lm.train_step` the way
+:mod:`workloads.training.driver` does (a 1-D ``data`` mesh over every device, replicated state, the global
 batch assembled with ``jax.make_array_from_process_local_data``, the loss read back every step):
 
 - **bare**: one process with ``--xla_force_host_platform_device_count=<chips>``: every device of
   the slice in a single JAX program, no Ray;
-- **JaxTrainer**: a local slice cluster (:mod:`workloads.local_cluster`) of one v6e 2x4 slice on
+- **JaxTrainer**: a local slice cluster (:mod:`workloads.sim.local_cluster`) of one v6e 2x4 slice on
   4-chip hosts (2 hosts x 4 chips = the same 8 devices), Ray Train's ``JaxTrainer`` with
   ``use_tpu=True`` and one worker per host; ``jax.distributed`` joins the 2 worker processes into
   one mesh, gradients are all-reduced across them, and each step reports to Ray Train.
@@ -50,7 +50,7 @@ class StepBench:
     steps: int = 15
     seed: int = 0
     model: dict[str, Any] = field(default_factory=dict)
-    """Overrides of :class:`workloads.model.ModelConfig` (default: the workload's defaults)."""
+    """Overrides of :class:`workloads.model.byte_lm.ModelConfig` (default: the workload's defaults)."""
 
 
 def bench_shape() -> catalog.SliceShape:
@@ -70,8 +70,8 @@ def timed_steps(bench: dict[str, Any], report: Callable[[dict], None] | None = N
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from workloads import model as m
-    from workloads.corpus import load_corpus
+    from workloads.data.corpus import load_corpus
+    from workloads.model import byte_lm as m
 
     run = StepBench(**bench)
     cfg = m.ModelConfig.from_dict(run.model)
@@ -141,7 +141,7 @@ def model_flops(bench: dict[str, Any]) -> dict[str, float]:
     import jax
     import jax.numpy as jnp
 
-    from workloads import model as m
+    from workloads.model import byte_lm as m
 
     run = StepBench(**bench)
     cfg = m.ModelConfig.from_dict(run.model)
@@ -264,7 +264,7 @@ def run_trainer(
     from ray.train.v2.jax import JaxTrainer
 
     from bench.reservation import slice_config
-    from workloads.local_cluster import LocalSliceCluster
+    from workloads.sim.local_cluster import LocalSliceCluster
 
     _common.progress(f"JaxTrainer: starting local slice cluster of one {shape.name}")
     overrides = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(FIT_START_TIMEOUT_S)}

@@ -5,7 +5,7 @@
 
 Stack outputs (the contract with ``raytpu submit``): ``clusterName``, ``clusterEndpoint``,
 ``kubeconfig`` (secret), ``slices``, one output per KubeRay kind (``rayClusters``,
-``rayServices``, ``rayJobs``: :data:`infra.ray_kinds.RAY_KINDS`), ``checkpointBucket`` (the
+``rayServices``, ``rayJobs``: :data:`infra.manifests.ray_kinds.RAY_KINDS`), ``checkpointBucket`` (the
 bucket training runs write to: ``gs://BUCKET/<run>``), ``rayServiceAccount`` (the Kubernetes
 ServiceAccount of every Ray pod), ``imageRepository`` and ``workerImage`` (where the worker image
 is pushed, and the image the Ray objects run); with ``ray-tpu:security.dashboardIap``,
@@ -18,20 +18,20 @@ from typing import Any
 
 import pulumi
 
-from infra.checkpoint_storage import CheckpointStorage, CheckpointStorageArgs
-from infra.cloud_nat import CloudNat, CloudNatArgs
+from infra.components.checkpoint_storage import CheckpointStorage, CheckpointStorageArgs
+from infra.components.cloud_nat import CloudNat, CloudNatArgs
+from infra.components.cpu_pool import CpuNodePool, CpuNodePoolArgs
+from infra.components.dashboard_iap import DashboardIap, DashboardIapArgs
+from infra.components.gke_cluster import GkeCluster, GkeClusterArgs
+from infra.components.image_registry import ImageRegistry, ImageRegistryArgs
+from infra.components.k8s_provider import KubernetesAccess, KubernetesAccessArgs
+from infra.components.kueue import Kueue, KueueArgs
+from infra.components.monitoring import Monitoring, MonitoringArgs
+from infra.components.ray_object import RayObject, RayObjectArgs
+from infra.components.tpu_slice import TpuSlice, TpuSliceArgs
 from infra.config import StackConfig
 from infra.config.teams import team_of
-from infra.cpu_pool import CpuNodePool, CpuNodePoolArgs
-from infra.dashboard_iap import DashboardIap, DashboardIapArgs
-from infra.gke_cluster import GkeCluster, GkeClusterArgs
-from infra.image_registry import ImageRegistry, ImageRegistryArgs
-from infra.k8s_provider import KubernetesAccess, KubernetesAccessArgs
-from infra.kueue import Kueue, KueueArgs
-from infra.monitoring import Monitoring, MonitoringArgs
-from infra.ray_kinds import RAY_KINDS
-from infra.ray_object import RayObject, RayObjectArgs
-from infra.tpu_slice import TpuSlice, TpuSliceArgs
+from infra.manifests.ray_kinds import RAY_KINDS
 
 
 def slice_summary(config: StackConfig) -> dict[str, dict[str, Any]]:

@@ -1,6 +1,6 @@
 """pulumi_policy objects built from :data:`policies.pack.POLICIES` (imported by ``__main__.py``).
 
-Each validate callback unwraps the engine's props with :func:`policies.values.plain` (unknown
+Each validate callback unwraps the engine's props with :func:`policies.props.plain` (unknown
 values during preview become UNKNOWN instead of raising) and reports each rule message. The engine
 gives a violation the level of the policy that reports it, so a rule's
 :class:`~policies.rules.Advisory` messages are reported by a second, advisory policy
@@ -23,10 +23,10 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from policies.model import Resource
 from policies.pack import POLICIES, PolicySpec
+from policies.props import plain
+from policies.resources import Resource
 from policies.rules import Advisory
-from policies.values import plain
 
 
 def _wanted(advisory: bool) -> Any:

@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from policies.model import CLUSTER, NODE_POOL, SERVICE, ResourceLike, is_ingress, ray_kind
+from policies.props import get, plain
+from policies.resources import CLUSTER, NODE_POOL, SERVICE, ResourceLike, is_ingress, ray_kind
 from policies.rules import (
     Advisory,
     dashboard_iap,
@@ -34,7 +35,6 @@ from policies.rules import (
     serve_llm,
     stack,
 )
-from policies.values import get, plain
 from raytpu.catalog import WORKLOAD_POLICY_TYPE
 
 ENFORCEMENT_LEVELS = ("mandatory", "advisory", "disabled")
@@ -260,7 +260,7 @@ POLICIES: tuple[PolicySpec, ...] = (
         rule=security.check_network_policies,
         remediation=(
             "Declare a NetworkPolicy that admits only the Ray object's pods, the metrics scraper "
-            "and the KubeRay operator (the program does: infra/ray_access.py)."
+            "and the KubeRay operator (the program does: infra/manifests/ray_access.py)."
         ),
     ),
     PolicySpec(

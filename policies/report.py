@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from policies.model import object_label
 from policies.pack import PolicyConfigError, Violation, settings
+from policies.resources import object_label
 from raytpu import inputs
 
 EXIT_CLEAN = 0

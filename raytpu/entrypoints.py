@@ -1,5 +1,5 @@
 """The commands a Ray job runs for this project's workloads: one place for ``raytpu submit`` and
-the KubeRay RayJob (``infra.rayjob_spec``). Stdlib and the catalog only.
+the KubeRay RayJob (``infra.manifests.rayjob``). Stdlib and the catalog only.
 
 Glossary (Ray's words): the **entrypoint** is the shell command of a Ray job's driver; it runs
 on the head and starts the work on the TPU worker hosts (Ray Train's JaxTrainer for training).
@@ -29,7 +29,7 @@ SERVE_TPU_DEFAULT = MULTI_HOST_CHIPS_PER_HOST
 CHECKPOINT_ENV = "RAYTPU_CHECKPOINT_DIR"
 """Where ``workloads.serve:app`` finds the training checkpoints (``gs://...`` on GKE)."""
 SERVE_FALLBACK_ENV = "RAYTPU_SERVE_FALLBACK"
-"""JSON of ``workloads.fallback.FallbackConfig`` (no key in it): where requests go when the TPU
+"""JSON of ``workloads.serving.fallback.FallbackConfig`` (no key in it): where requests go when the TPU
 deployment has no capacity."""
 FALLBACK_KEY_ENV = "RAYTPU_FALLBACK_API_KEY"
 """The external fallback's API key, filled on every Ray pod from a Kubernetes secret."""

@@ -1,7 +1,7 @@
 """GKE's names for an IAP-protected HTTPS endpoint, and a pure check of the two GKE objects it
 needs (BackendConfig, ManagedCertificate).
 
-Stdlib only. The program (:mod:`infra.dashboard_iap`) declares the endpoint and the policy pack
+Stdlib only. The program (:mod:`infra.components.dashboard_iap`) declares the endpoint and the policy pack
 (:mod:`policies.rules.dashboard_iap`) judges any Ingress that reaches a Ray dashboard; both read
 these names from here.
 

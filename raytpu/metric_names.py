@@ -3,7 +3,7 @@
 Stdlib only. :mod:`workloads.telemetry` records these through ``ray.util.metrics`` (Ray's own
 metrics API); Ray's per-node metrics agent exports them on its Prometheus endpoint with the
 ``ray_`` prefix, so a metric named ``raytpu_train_loss`` here is ``ray_raytpu_train_loss`` in
-PromQL (:func:`promql_name`). :mod:`infra.monitoring_rules` and :mod:`infra.dashboards` build
+PromQL (:func:`promql_name`). :mod:`infra.manifests.monitoring_rules` and :mod:`infra.manifests.dashboards` build
 their PromQL from this module only.
 
 Every series carries :data:`BASE_LABELS` (stack, slice, generation, topology). No label ever

@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def not_checked(resources: list[Any]) -> dict[str, list[str]]:
     """Resource types no policy and no CRD schema reads: type -> names (reported, not failed)."""
-    from policies.model import RESOURCE_POLICY, ray_kind
     from policies.pack import POLICIES
+    from policies.resources import RESOURCE_POLICY, ray_kind
     from raytpu.gke_iap import BACKEND_CONFIG_API
 
     def checked(type_: str) -> bool:
@@ -74,9 +74,9 @@ def _kueue_kind(type_: str) -> str | None:
 
 def crd_violations(resources: list[Any]) -> list[Any]:
     """KubeRay and Kueue objects the API server would reject (schema errors from the CRDs)."""
-    from policies.model import ray_kind
     from policies.pack import Violation
-    from policies.values import plain
+    from policies.props import plain
+    from policies.resources import ray_kind
     from raytpu import crds, kueue
 
     violations = []
@@ -96,7 +96,7 @@ def crd_violations(resources: list[Any]) -> list[Any]:
 
 
 def _has_unknown(value: Any) -> bool:
-    from policies.values import is_unknown
+    from policies.props import is_unknown
 
     if is_unknown(value):
         return True

@@ -47,7 +47,7 @@ def _bad(where: str, field: str, value: Any, valid: str) -> InputError:
 
 def _check_kind(where: str, kind: Any, api_version: str) -> None:
     """A kind that looks like KubeRay's but is not one of its kinds is an error (a typo)."""
-    from policies.model import RAY_KINDS
+    from policies.resources import RAY_KINDS
 
     if not isinstance(kind, str) or not kind:
         raise _bad(where, "kind", kind, "a Kubernetes kind such as " + ", ".join(RAY_KINDS))
@@ -62,7 +62,7 @@ def _check_kind(where: str, kind: Any, api_version: str) -> None:
 
 
 def _kubernetes_objects(documents: list[Any], path: Path) -> Iterator[Any]:
-    from policies.model import Resource
+    from policies.resources import Resource
 
     for index, document in enumerate(documents):
         if document is None:
@@ -143,7 +143,7 @@ def _pulumi_states(document: Mapping[str, Any], path: Path) -> Iterator[tuple[st
 
 
 def _pulumi_resources(document: Mapping[str, Any], path: Path) -> Iterator[Any]:
-    from policies.model import Resource
+    from policies.resources import Resource
 
     for where, state in _pulumi_states(document, path):
         type_ = state.get("type", "")

@@ -182,8 +182,8 @@ def ray_cluster(
     import ray
 
     if args.local:
-        from workloads.gcs_emulator import GcsEmulator
-        from workloads.local_cluster import LocalSliceCluster
+        from workloads.sim.gcs_emulator import GcsEmulator
+        from workloads.sim.local_cluster import LocalSliceCluster
 
         buckets = tuple(sorted({d[5:].split("/")[0] for d in storage if d.startswith("gs://")}))
         with contextlib.ExitStack() as stack:

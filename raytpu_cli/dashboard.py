@@ -163,7 +163,7 @@ def auth_proxy(target: str, headers: dict[str, str], port: int) -> Iterator[str]
 
 def run(args: argparse.Namespace) -> int:
     from raytpu_cli.ray_credentials import CredentialError, auth_headers
-    from workloads.local_cluster import free_port
+    from workloads.sim.local_cluster import free_port
 
     try:
         if args.outputs is not None:

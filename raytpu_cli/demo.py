@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 from raytpu.table import format_table
 from raytpu_cli.common import HttpReply, SliceChoice, UsageError, describe_hosts, post_json
 from raytpu_cli.console import RunConsole
-from workloads.train import TrainConfig, TrainingError, TrainProgress, TrainResult
+from workloads.training.driver import TrainConfig, TrainingError, TrainProgress, TrainResult
 
 if TYPE_CHECKING:
-    from workloads.local_cluster import LocalSliceCluster
+    from workloads.sim.local_cluster import LocalSliceCluster
 
 DEMO_BUCKET = "raytpu-demo"
 DEMO_RUN = "demo"
@@ -169,9 +169,9 @@ class DemoRun:
         self.phase_name = "start-up"
 
     def run(self) -> tuple[list[tuple[str, str]], bool, bool]:
-        from workloads import serve as serving
-        from workloads.gcs_emulator import GcsEmulator
-        from workloads.local_cluster import LocalSliceCluster, free_port
+        from workloads.serving import app as serving
+        from workloads.sim.gcs_emulator import GcsEmulator
+        from workloads.sim.local_cluster import LocalSliceCluster, free_port
 
         console, train, serve_slice = self.console, self.train, self.serve_slice
         console.phase(f"[demo] stack {self.args.stack}: {describe_hosts([train, serve_slice])}")
@@ -210,7 +210,7 @@ class DemoRun:
         return _summary(self.args, train, serve_slice, result, handle, replies, bad)
 
     def _train(self) -> TrainResult:
-        from workloads.train import run_training
+        from workloads.training.driver import run_training
 
         seen: list[TrainProgress] = []
         with self.console.progress() as bar:

@@ -326,7 +326,7 @@ def build_request(
     slice_out = outputs.slice(head.slice)
     env_vars = entrypoints.slice_env(outputs.stack, head.name, head.slice, slice_out.shape)
     if workload == "serve":
-        # One Serve replica per TPU host of the cluster's slice (workloads.serve reads this).
+        # One Serve replica per TPU host of the cluster's slice (workloads.serving.app reads this).
         env_vars.update(entrypoints.serve_env(slice_out.shape))
     checkpoints = outputs.checkpoint_dir(run or head.name)
     if workload == "train" and checkpoints and "--checkpoint-dir" not in extra:

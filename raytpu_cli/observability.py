@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def write_all(out: Path, stack: str) -> list[Path]:
-    from infra import dashboards, monitoring_rules
+    from infra.manifests import dashboards, monitoring_rules
 
     written = []
     rules = out / "prometheus" / "rules.yaml"

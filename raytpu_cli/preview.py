@@ -47,7 +47,7 @@ def _short_type(type_: str) -> str:
 
 def describe(resources: Sequence[Any]) -> list[dict[str, Any]]:
     """One row per declared resource (one per TPU worker group for KubeRay objects)."""
-    from policies.model import NODE_POOL, kind_of, node_pool, object_label, worker_groups
+    from policies.resources import NODE_POOL, kind_of, node_pool, object_label, worker_groups
     from policies.rules.stack import pool_slices
     from raytpu import catalog
 

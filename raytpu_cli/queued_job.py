@@ -4,7 +4,7 @@ A job sent through Ray's Job Submission API runs on a RayCluster that is already
 sees it. To wait for, and count against, a team's quota the job must be its own RayJob carrying
 ``kueue.x-k8s.io/queue-name`` (and ``kueue.x-k8s.io/priority-class``). With ``--queue``,
 ``raytpu submit`` writes that RayJob instead of submitting (the same manifest the stack's
-``ray-tpu:rayJobs`` declare: :mod:`infra.rayjob_spec`), for ``kubectl create -f -``; Kueue then
+``ray-tpu:rayJobs`` declare: :mod:`infra.manifests.rayjob`), for ``kubectl create -f -``; Kueue then
 admits it when the team's ClusterQueue has whole slices for it (docs/governance.md).
 """
 
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace, job: list[str], raw: bool) -> int:
     from infra.config.ray_objects import parse_ray_job
     from infra.config.reader import Problems
     from infra.config.teams import check_team_objects
-    from infra.rayjob_spec import ray_job_object
+    from infra.manifests.rayjob import ray_job_object
     from raytpu_cli.common import UsageError, load_stack_config
 
     try:

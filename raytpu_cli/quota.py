@@ -55,7 +55,7 @@ def _limit(value: int | None, cohort: str | None, unlimited: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from infra.config import ConfigError
-    from infra.kueue_spec import quota_rows
+    from infra.manifests.kueue import quota_rows
     from raytpu import catalog
     from raytpu.table import format_table
     from raytpu_cli.common import UsageError, load_stack_config

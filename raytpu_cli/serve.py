@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workloads import serve as serving
-    from workloads.local_cluster import free_port
+    from workloads.serving import app as serving
+    from workloads.sim.local_cluster import free_port
 
     try:
         chosen = resolve_slice(args)

@@ -239,7 +239,7 @@ def _reach(args: argparse.Namespace, head: RayHead) -> Iterator[str]:
     if args.address:
         yield args.address
         return
-    from workloads.local_cluster import free_port
+    from workloads.sim.local_cluster import free_port
 
     port = free_port()
     with dashboard.tunnel(dashboard.command(args.kubectl, head, port)):

@@ -93,9 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workloads.faults import check_hosts, parse_faults
-    from workloads.goodput import GoodputConfig
-    from workloads.train import TrainConfig, TrainingError, run_training
+    from workloads.training.driver import TrainConfig, TrainingError, run_training
+    from workloads.training.faults import check_hosts, parse_faults
+    from workloads.training.goodput import GoodputConfig
 
     try:
         chosen = resolve_slice(args)

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from workloads.gcs_emulator import GcsEmulator, GcsEmulatorError
+from workloads.sim.gcs_emulator import GcsEmulator, GcsEmulatorError
 
 
 @contextmanager

@@ -10,7 +10,7 @@ import copy
 import re
 from typing import Any
 
-from policies.model import Resource
+from policies.resources import Resource
 from raytpu import catalog
 
 DELETE = object()

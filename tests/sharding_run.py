@@ -12,8 +12,8 @@ import jax
 import numpy as np
 
 from raytpu.presets import MeshConfig, preset
-from workloads import sharding
-from workloads.model import params_digest
+from workloads.model import sharding
+from workloads.model.byte_lm import params_digest
 
 STEPS = 4
 
@@ -62,7 +62,7 @@ def matmul_dtypes() -> list[str]:
     """The input dtypes of every matmul in the traced loss (the compute precision)."""
     from functools import partial
 
-    from workloads import llama
+    from workloads.model import llama
 
     model = preset("tiny")
     params = nn.meta.unbox(llama.init_state(model, jax.random.PRNGKey(0)).params)

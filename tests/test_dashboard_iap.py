@@ -524,7 +524,7 @@ def test_gke_object_checks(check: Any, change: dict[str, Any], field: str) -> No
 # ----------------------------------------------------------------------------- raytpu check
 def _manifests(iap_enabled: bool) -> list[dict[str, Any]]:
     """What the program declares for the endpoint, as plain manifests, with IAP on or off."""
-    from infra import dashboard_iap_spec as spec
+    from infra.manifests import dashboard_iap as spec
 
     iap = parse_config(_raw()).security.dashboard_iap
     assert iap is not None

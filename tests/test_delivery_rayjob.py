@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import kuberay, rayjob_spec
 from infra.config import ConfigError, parse_config
+from infra.manifests import kuberay
+from infra.manifests import rayjob as rayjob_spec
 from infra.offline import run_program
 from raytpu import crds
 from raytpu.stack_outputs import parse_outputs

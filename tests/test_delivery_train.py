@@ -25,8 +25,8 @@ from gcs_fixture import gcs_or_skip
 
 from raytpu import catalog
 from raytpu_cli import main as cli
-from workloads.gcs_emulator import GcsEmulator
-from workloads.local_cluster import host_specs
+from workloads.sim.gcs_emulator import GcsEmulator
+from workloads.sim.local_cluster import host_specs
 
 SHAPE = catalog.shape("v6e", "2x4", machine_type="ct6e-standard-4t")
 JOB_TIMEOUT_S = 420.0

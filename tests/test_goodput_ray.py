@@ -27,8 +27,8 @@ from gcs_fixture import gcs_or_skip
 
 from raytpu.catalog import shape
 from raytpu_cli.common import SliceChoice
-from workloads.goodput import GoodputConfig
-from workloads.local_cluster import LocalSliceCluster
+from workloads.sim.local_cluster import LocalSliceCluster
+from workloads.training.goodput import GoodputConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
 
@@ -69,7 +69,7 @@ def _config(
     checkpoint_every: int = 20,
     **goodput,
 ):
-    from workloads.train import TrainConfig
+    from workloads.training.driver import TrainConfig
 
     return TrainConfig(
         checkpoint_dir=f"gs://{BUCKET}/{run}",
@@ -84,7 +84,7 @@ def _config(
 
 @pytest.fixture(scope="module")
 def runs(cluster, logs):
-    from workloads.train import run_training
+    from workloads.training.driver import run_training
 
     clean = run_training(V6E_2X4_4T, _config(logs, "clean", ("spike@12",)), name="clean")
     faults = ("kill-host@8:1", "spike@12", "hang@17:1", "slow-host@19:0")
@@ -148,7 +148,9 @@ def test_hang_is_detected_within_bound_with_every_workers_stacks(runs):
     assert sorted(p.name for p in stacks) == ["attempt-1-train-0-0.txt", "attempt-1-train-0-1.txt"]
     dumps = {p.name: p.read_text() for p in stacks}
     culprit = dumps[f"attempt-1-{hang.host.replace('/', '-')}.txt"]
-    assert "workloads/faults.py" in culprit and " in apply" in culprit  # the injected sleep
+    assert (
+        "workloads/training/faults.py" in culprit and " in apply" in culprit
+    )  # the injected sleep
     assert all(" in on_hang" in text for text in dumps.values())
 
 
@@ -192,7 +194,7 @@ def preempted(cluster, logs):
     """JAX process 1's host gets a preemption notice at step 3 (its node drained, deadline 12 s
     ahead), goes away at the deadline and a new host takes its place; no checkpoint is planned
     before the last step, so the restart can only resume from the emergency one."""
-    from workloads.train import run_training
+    from workloads.training.driver import run_training
 
     config = _config(
         logs, "preempted", ("preempt@3:1",), steps=PREEMPT_STEPS, preempt_grace_s=GRACE_S,
@@ -217,7 +219,7 @@ def test_a_preempted_host_saves_an_emergency_checkpoint_and_the_run_resumes(pree
 
 
 def test_the_emergency_checkpoint_is_in_the_durable_tier(preempted):
-    from workloads.checkpoint import open_checkpoints
+    from workloads.model.checkpoint import open_checkpoints
 
     result, _ = preempted
     manager = open_checkpoints(f"gs://{BUCKET}/preempted")

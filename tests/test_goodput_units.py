@@ -9,8 +9,10 @@ import time
 
 import pytest
 
-from workloads.faults import FaultPlan, FaultSpec, check_hosts, parse_fault, parse_faults
-from workloads.goodput import (
+from workloads.training.checkpoint_tiers import RestorePlan, choose_restore
+from workloads.training.config import TrainConfig
+from workloads.training.faults import FaultPlan, FaultSpec, check_hosts, parse_fault, parse_faults
+from workloads.training.goodput import (
     GoodputConfig,
     SlowHostDetector,
     SpikeDetector,
@@ -20,9 +22,7 @@ from workloads.goodput import (
     hang_threshold,
     seconds_left,
 )
-from workloads.tiers import RestorePlan, choose_restore
-from workloads.train_config import TrainConfig
-from workloads.train_loop import data_index
+from workloads.training.worker_loop import data_index
 
 
 @pytest.mark.parametrize(
@@ -369,8 +369,8 @@ def test_goodput_bench_places_each_fault_and_prints_one_row_per_run(capsys) -> N
 def test_fast_tier_round_trips_the_state_keeps_the_newest_and_skips_partial_files(tmp_path):
     import jax
 
-    from workloads import model as m
-    from workloads import tiers
+    from workloads.model import byte_lm as m
+    from workloads.training import checkpoint_tiers as tiers
 
     cfg = m.ModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, seq_len=8)
     state = m.init_state(cfg, jax.random.PRNGKey(0))

@@ -13,8 +13,8 @@ import pytest
 
 from raytpu.catalog import shape
 from raytpu_cli.common import SliceChoice
-from workloads.local_cluster import LocalSliceCluster
-from workloads.reservation import HostLostError, reserve_slices
+from workloads.sim.local_cluster import LocalSliceCluster
+from workloads.slices.reservation import HostLostError, reserve_slices
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 

@@ -212,9 +212,9 @@ BAD_VALUES = [
     ),
     (
         "import-path",
-        _set((RS, 0, "importPath"), "workloads.serve"),
+        _set((RS, 0, "importPath"), "workloads.serving.app"),
         f"{RS}[0].importPath",
-        "'workloads.serve'",
+        "'workloads.serving.app'",
         "module:attribute",
     ),
     (

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import kuberay, ray_kinds
 from infra.config import load_stack
+from infra.manifests import kuberay, ray_kinds
 from infra.offline import ProgramRun, run_program_detailed
 from raytpu import crds
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import yaml
 
-from infra import kuberay
 from infra.config import WorkerResources
+from infra.manifests import kuberay
 from raytpu import catalog, crds
 
 IMAGE = "rayproject/ray:2.60.0-py311"

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import kuberay
 from infra.config import ConfigError, load_stack, parse_config
 from infra.config.image import git_image_tag
+from infra.manifests import kuberay
 from infra.offline import MOCK_PROJECT_NUMBER, ProgramRun, run_program_detailed
 from raytpu import entrypoints
 from raytpu.stack_outputs import parse_outputs
@@ -355,7 +355,7 @@ def test_serve_deployment_follows_the_replica_bounds(
 
 
 def test_the_deployment_name_is_workloads_serve_s() -> None:
-    from workloads.serve import TextGenerator
+    from workloads.serving.app import TextGenerator
 
     assert TextGenerator.name == entrypoints.SERVE_DEPLOYMENT
 

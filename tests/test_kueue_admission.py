@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from infra.config import load_stack_file
-from infra.kueue_spec import admission_queues
+from infra.manifests.kueue import admission_queues
 from raytpu.admission import Cluster, ClusterQueue, Quota, Workload
 
 F = "v6e-4x4-4t"

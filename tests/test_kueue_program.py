@@ -194,7 +194,7 @@ CRD_PROBLEMS = {
 
 @pytest.mark.parametrize(("break_it", "message"), CRD_PROBLEMS.values(), ids=CRD_PROBLEMS)
 def test_kueue_crd_check_refuses_bad_objects(stack: StackConfig, break_it, message: str) -> None:
-    from infra import kueue_spec
+    from infra.manifests import kueue as kueue_spec
 
     manifest = kueue_spec.cluster_queue(stack, stack.teams[0])
     break_it(manifest)

@@ -140,9 +140,9 @@ BLOCKER = textwrap.dedent(
     [
         "import raytpu.catalog, raytpu.ray_names, raytpu.ray_versions, raytpu.entrypoints, "
         "raytpu.stack_outputs",
-        "import workloads.train, workloads.model, workloads.checkpoint, workloads.reservation, "
-        "workloads.local_cluster",
-        "import workloads.serve",
+        "import workloads.training.driver, workloads.model.byte_lm, workloads.model.checkpoint, workloads.slices.reservation, "
+        "workloads.sim.local_cluster",
+        "import workloads.serving.app",
         "from raytpu_cli.main import main; sys.exit(main(['catalog', 'v6e', '4x4']))",
     ],
     ids=["core", "training", "serving", "raytpu-catalog-on-a-worker"],

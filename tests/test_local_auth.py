@@ -11,7 +11,7 @@ import pytest
 
 from raytpu.catalog import shape
 from raytpu_cli.common import SliceChoice
-from workloads.local_cluster import LocalSliceCluster
+from workloads.sim.local_cluster import LocalSliceCluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 

@@ -18,7 +18,7 @@ from gcs_fixture import gcs_or_skip
 from raytpu.catalog import shape
 from raytpu.presets import MeshConfig, ScaleConfig
 from raytpu_cli.common import SliceChoice
-from workloads.local_cluster import LocalSliceCluster
+from workloads.sim.local_cluster import LocalSliceCluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -38,7 +38,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def runs(cluster):
-    from workloads.train import TrainConfig, run_training
+    from workloads.training.driver import TrainConfig, run_training
 
     config = TrainConfig(
         checkpoint_dir=RUN, steps=4, global_batch=16, checkpoint_every=4, log_every=4
@@ -108,8 +108,8 @@ SLOW_MODEL = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "seq_len":
 
 @pytest.fixture(scope="module")
 def moved(cluster, tmp_path_factory):
-    from workloads.goodput import GoodputConfig
-    from workloads.train import TrainConfig, run_training
+    from workloads.training.driver import TrainConfig, run_training
+    from workloads.training.goodput import GoodputConfig
 
     goodput = GoodputConfig(
         fast_every=0, startup_timeout_s=120.0, spike_k=100.0, slow_fraction=0.6, slow_steps=3,
@@ -124,7 +124,7 @@ def moved(cluster, tmp_path_factory):
 
 
 def test_a_slow_host_moves_the_run_to_the_spare_slice_and_its_own_is_held(moved):
-    from workloads.goodput import MOVE_ACTION
+    from workloads.training.goodput import MOVE_ACTION
 
     (slow,) = moved.events
     assert slow.kind == "slow_host" and slow.step >= 8, slow  # 3 slow steps from step 5 on

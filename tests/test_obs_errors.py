@@ -14,8 +14,8 @@ from raytpu import errors
 from raytpu.catalog import CatalogError, shape
 from raytpu_cli import failure
 from raytpu_cli.common import UsageError
-from workloads.reservation import SliceReservationError
-from workloads.train import TrainingError
+from workloads.slices.reservation import SliceReservationError
+from workloads.training.driver import TrainingError
 
 V6E_2X4 = shape("v6e", "2x4", machine_type="ct6e-standard-4t")
 

@@ -18,7 +18,7 @@ from raytpu import metric_names as mn
 from raytpu.catalog import shape
 from raytpu_cli import main as cli
 from workloads import telemetry
-from workloads.reservation import SliceReservationError
+from workloads.slices.reservation import SliceReservationError
 
 
 @pytest.mark.timeout(60)

@@ -28,14 +28,14 @@ import yaml
 from obs_tools import binary
 from upstream_stub import upstream_stub
 
-from infra import dashboards, monitoring_rules
 from infra.config import load_stack
+from infra.manifests import dashboards, monitoring_rules
 from raytpu import errors
 from raytpu import metric_names as mn
 from raytpu_cli import failure
 from raytpu_cli.common import post_json
-from workloads.gcs_emulator import GcsEmulator
-from workloads.local_cluster import LocalSliceCluster, free_port
+from workloads.sim.gcs_emulator import GcsEmulator
+from workloads.sim.local_cluster import LocalSliceCluster, free_port
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -149,11 +149,11 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     import ray
     from ray import serve
 
-    from workloads import serve as serving
-    from workloads.fallback import FallbackConfig
-    from workloads.goodput import GoodputConfig
-    from workloads.reservation import SliceReservationError, reserve_slices
-    from workloads.train import TrainConfig, TrainingError, run_training
+    from workloads.serving import app as serving
+    from workloads.serving.fallback import FallbackConfig
+    from workloads.slices.reservation import SliceReservationError, reserve_slices
+    from workloads.training.driver import TrainConfig, TrainingError, run_training
+    from workloads.training.goodput import GoodputConfig
 
     workdir = tmp_path_factory.mktemp("obs")
     stack = load_stack("dev")

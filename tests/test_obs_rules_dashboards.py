@@ -12,7 +12,7 @@ import pytest
 import yaml
 from obs_tools import binary
 
-from infra import dashboards, monitoring_rules
+from infra.manifests import dashboards, monitoring_rules
 from raytpu import metric_names as mn
 
 LABELS = {"stack": "dev", "slice": "train", "generation": "v6e", "topology": "2x4"}

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from policies_factories import cluster_spec, edit, node_pool_props, ray_object, tpu_group
 
-from policies.model import CLUSTER_SPEC_PATH
+from policies.resources import CLUSTER_SPEC_PATH
 from raytpu import catalog, crds
 from raytpu.ray_versions import MINIMUM_RAY_VERSION, parse_version
 from raytpu_cli.main import main

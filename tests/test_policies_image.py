@@ -114,7 +114,7 @@ CASES = [
     ("job-stock-raytpu-cli", _job(STOCK, "python -m raytpu_cli train --steps 10"), 1),
     ("job-stock-raytpu-command", _job(STOCK, "raytpu catalog v6e 4x4"), 1),
     ("job-stock-own-script", _job(STOCK, "python my_train.py"), 0),
-    ("job-stock-code-in-runtime-env", _job(STOCK, "python -m workloads.train", CODE_AND_PACKAGES), 0),
+    ("job-stock-code-in-runtime-env", _job(STOCK, "python -m workloads.training.driver", CODE_AND_PACKAGES), 0),
     ("job-built-image", _job(BUILT, "python -m raytpu_cli train"), 0),
     ("raycluster-is-not-judged", {"kind": "RayCluster", "spec": {"headGroupSpec": {}}}, 0),
     ("unreadable-serve-config", {"kind": "RayService", "spec": {"serveConfigV2": "{["}}, 0),

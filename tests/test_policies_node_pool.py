@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from policies_factories import DELETE, edit, node_pool_props
 
+from policies.props import UNKNOWN_SENTINELS
 from policies.rules import Advisory
 from policies.rules.node_pool import check_node_pool
-from policies.values import UNKNOWN_SENTINELS
 
 UNKNOWN_STRING = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
 UNKNOWN_NUMBER = "3eeb2bf0-c639-47a8-9e75-3b44932eb421"

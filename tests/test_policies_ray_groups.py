@@ -7,7 +7,7 @@ import math
 import pytest
 from policies_factories import DELETE, cluster_spec, edit, ray_object, tpu_group
 
-from policies.model import CLUSTER_SPEC_PATH
+from policies.resources import CLUSTER_SPEC_PATH
 from policies.rules import Advisory
 from policies.rules.ray_groups import WEBHOOK_ERROR, check_worker_groups
 from raytpu import catalog

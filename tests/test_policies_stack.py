@@ -14,8 +14,8 @@ from policies_factories import (
     tpu_group,
 )
 
-from policies.model import CLUSTER, NODE_POOL, RESOURCE_POLICY
 from policies.pack import POLICIES, PolicyConfigError, evaluate, policy_names, settings
+from policies.resources import CLUSTER, NODE_POOL, RESOURCE_POLICY
 from policies.rules.stack import (
     check_ray_operator_addon,
     check_slices_for_groups,

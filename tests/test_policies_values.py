@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.values import UNKNOWN, as_int, get, plain
+from policies.props import UNKNOWN, as_int, get, plain
 
 UNKNOWN_NUMBER = "3eeb2bf0-c639-47a8-9e75-3b44932eb421"
 SECRET_SIG = {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from policies_factories import DELETE, cluster_spec, edit, gke_cluster_props, ray_object, tpu_group
 
-from policies.model import CLUSTER_SPEC_PATH
+from policies.resources import CLUSTER_SPEC_PATH
 from policies.rules.exposure import (
     check_ingress,
     check_ray_head_service,

@@ -129,12 +129,12 @@ def test_bench_presets_rows_place_each_preset_on_a_slice_that_fits():
 @pytest.fixture
 def nothing_reserved(monkeypatch):
     """Fails the test if run_training gets as far as reserving a slice."""
-    import workloads.reservation
+    import workloads.slices.reservation
 
     def refuse(*args, **kwargs):
         pytest.fail("run_training reserved a slice for a config it should have refused")
 
-    monkeypatch.setattr(workloads.reservation, "reserve_slices", refuse)
+    monkeypatch.setattr(workloads.slices.reservation, "reserve_slices", refuse)
 
 
 @pytest.mark.parametrize(
@@ -152,7 +152,7 @@ def nothing_reserved(monkeypatch):
 )
 def test_run_training_refuses_before_reserving(nothing_reserved, scale, slices, fragment):
     from raytpu.presets import ScaleConfig
-    from workloads.train import TrainConfig, run_training
+    from workloads.training.driver import TrainConfig, run_training
 
     v5e = catalog.shape("v5e", "2x4", machine_type="ct5lp-hightpu-4t")
     with pytest.raises(PresetError) as caught:

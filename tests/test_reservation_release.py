@@ -2,7 +2,7 @@
 
 Ray 2.60 keeps the resources of a placement group removed while its creation is in flight: here,
 200 single-bundle groups created and removed at once with ``remove_placement_group`` left 22 of
-their bundles held for good. :func:`workloads.release.remove_placement_groups` (what every
+their bundles held for good. :func:`workloads.slices.release.remove_placement_groups` (what every
 reservation releases with) lets such a group land first. Its own small Ray, with a resource no
 other test uses."""
 
@@ -48,7 +48,7 @@ def _available(ray, timeout_s: float = 10.0) -> float:
 def test_groups_removed_right_after_creation_leave_nothing_held(local_ray, bundles):
     from ray.util.placement_group import placement_group
 
-    from workloads.release import remove_placement_groups
+    from workloads.slices.release import remove_placement_groups
 
     for _ in range(200):
         remove_placement_groups([placement_group([{"probe": 1.0}] * bundles)])
@@ -59,7 +59,7 @@ def test_a_pending_group_is_removed_after_the_ready_one_it_waited_for(local_ray)
     """The ready group goes first; the pending one then lands on what it freed, and goes too."""
     from ray.util.placement_group import placement_group, placement_group_table
 
-    from workloads.release import remove_placement_groups
+    from workloads.slices.release import remove_placement_groups
 
     holder = placement_group([{"probe": UNITS}])
     local_ray.get(holder.ready(), timeout=30)

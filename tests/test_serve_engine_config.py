@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import kuberay
 from infra.config import ConfigError, parse_config
+from infra.manifests import kuberay
 from raytpu import entrypoints
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,8 +77,8 @@ def test_engine_vllm_declares_a_ray_serve_llm_app_on_the_slice_s_chips(raw) -> N
 
 
 def test_fallback_reaches_the_replicas_and_its_key_comes_from_the_secret(raw) -> None:
-    from workloads.fallback import FallbackConfig
-    from workloads.serve import fallback_from_env
+    from workloads.serving.app import fallback_from_env
+    from workloads.serving.fallback import FallbackConfig
 
     stack = parse_config(_service(raw, fallback={**FALLBACK, "probeAfterS": 2}))
     service = stack.ray_services[0]

@@ -217,7 +217,7 @@ def test_serve_apps_from_serve_api() -> None:
 def test_dashboard_proxy_adds_the_credential(token_head: LocalRay) -> None:
     """``raytpu dashboard``'s local proxy: the browser's requests reach a token-auth head."""
     from raytpu_cli.dashboard import auth_proxy
-    from workloads.local_cluster import free_port
+    from workloads.sim.local_cluster import free_port
 
     cluster, token = token_head, token_head.token
     assert requests.get(f"{cluster.address}/api/version", timeout=30).status_code in (401, 403)

@@ -7,9 +7,10 @@ import pytest
 from gcs_fixture import gcs_or_skip
 
 from raytpu.catalog import shape
-from workloads import gcs_emulator, storage
-from workloads.reservation import ray_splits_slice
-from workloads.serve import batch_buckets
+from workloads import storage
+from workloads.serving.app import batch_buckets
+from workloads.sim import gcs_emulator
+from workloads.slices.reservation import ray_splits_slice
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from raytpu.presets import preset
-from workloads.corpus import load_corpus
-from workloads.text_data import HostShard, encode, load_tokenizer, tokenizer_json, windows
+from workloads.data.corpus import load_corpus
+from workloads.data.text_data import HostShard, encode, load_tokenizer, tokenizer_json, windows
 
 
 @pytest.fixture(scope="module")

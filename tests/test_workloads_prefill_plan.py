@@ -1,11 +1,11 @@
 """Prompts of different lengths in one batch: where they go, how they are prefilled, and that the
-tokens do not change (:mod:`workloads.prefill_plan`, :meth:`workloads.engine.Engine.generate`)."""
+tokens do not change (:mod:`workloads.serving.engine.prefill_plan`, :meth:`workloads.serving.engine.engine.Engine.generate`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from workloads.prefill_plan import FILLER, PrefillGroup, place, plan_prefill
+from workloads.serving.engine.prefill_plan import FILLER, PrefillGroup, place, plan_prefill
 
 F = FILLER
 
@@ -119,7 +119,7 @@ def test_bad_input_names_the_field(call, fragment):
 def tiny():
     import jax
 
-    from workloads import model as m
+    from workloads.model import byte_lm as m
 
     cfg = m.ModelConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, context_len=256)
     return cfg, m.init_state(cfg, jax.random.PRNGKey(7)).params
@@ -130,8 +130,8 @@ MIXED = ["short", "x" * 150 + " a long prompt", "mid-length prompt, " * 3, "hi"]
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_a_mixed_batch_prefills_by_width_and_gives_the_uncached_tokens(tiny, stream):
-    from workloads import decode
-    from workloads.engine import Engine, Row, Timing
+    from workloads.serving.engine import decode
+    from workloads.serving.engine.engine import Engine, Row, Timing
 
     cfg, params = tiny
     rows = [Row(p, n, 0.0) for p, n in zip(MIXED, (6, 4, 5, 3), strict=True)]
@@ -153,7 +153,7 @@ def test_a_mixed_batch_prefills_by_width_and_gives_the_uncached_tokens(tiny, str
 
 
 def test_joint_prefill_when_asked_gives_the_same_tokens(tiny):
-    from workloads.engine import Engine, Row
+    from workloads.serving.engine.engine import Engine, Row
 
     cfg, params = tiny
     rows = [Row(p, 5, 0.0) for p in MIXED]
@@ -170,9 +170,9 @@ def test_joint_prefill_when_asked_gives_the_same_tokens(tiny):
 def test_warm_up_compiles_everything_a_mixed_batch_needs():
     import jax
 
-    from workloads import decode
-    from workloads import model as m
-    from workloads.engine import Engine, Row
+    from workloads.model import byte_lm as m
+    from workloads.serving.engine import decode
+    from workloads.serving.engine.engine import Engine, Row
 
     cfg = m.ModelConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, context_len=64)
     engine = Engine(m.init_state(cfg, jax.random.PRNGKey(0)).params, cfg, None, (1, 2, 4), cap=8)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workloads.prefix_cache import LRUTier, block_hashes
+from workloads.serving.engine.prefix_cache import LRUTier, block_hashes
 
 SYSTEM = "You are a helpful assistant. Answer briefly and politely. "  # 58 bytes: 3 full blocks
 
@@ -51,15 +51,15 @@ def test_lru_tier_evicts_the_least_recently_used():
 def tiny():
     import jax
 
-    from workloads import model as m
+    from workloads.model import byte_lm as m
 
     cfg = m.ModelConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, context_len=128)
     return cfg, m.init_state(cfg, jax.random.PRNGKey(4)).params
 
 
 def _engine(tiny, device_blocks: int):
-    from workloads.engine import Engine
-    from workloads.prefix_cache import PrefixCache
+    from workloads.serving.engine.engine import Engine
+    from workloads.serving.engine.prefix_cache import PrefixCache
 
     cfg, params = tiny
     cache = PrefixCache(cfg, "tiny", device_blocks=device_blocks, host_blocks=8)
@@ -70,8 +70,8 @@ def _engine(tiny, device_blocks: int):
     ("device_blocks", "tier"), [(8, "device"), (1, "host")], ids=["device-tier", "spilled-to-host"]
 )
 def test_a_shared_system_prompt_skips_its_prefill_and_changes_no_token(tiny, device_blocks, tier):
-    from workloads import decode
-    from workloads.engine import Row
+    from workloads.serving.engine import decode
+    from workloads.serving.engine.engine import Row
 
     cfg, params = tiny
     engine, cache = _engine(tiny, device_blocks)
@@ -97,7 +97,7 @@ def test_a_lookup_never_sees_half_of_a_publish(monkeypatch):
 
     import ray
 
-    from workloads.prefix_cache import PrefixDirectory
+    from workloads.serving.engine.prefix_cache import PrefixDirectory
 
     def slow_put(value):
         time.sleep(0.005)  # the object store under load

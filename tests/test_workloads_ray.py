@@ -17,8 +17,8 @@ from gcs_fixture import gcs_or_skip
 from raytpu.catalog import shape
 from raytpu.ray_names import LABEL_SLICE_NAME, LABEL_WORKER_ID
 from raytpu_cli.common import SliceChoice, post_json
-from workloads.local_cluster import LocalSliceCluster, free_port
-from workloads.reservation import SliceReservationError, reserve_slices
+from workloads.sim.local_cluster import LocalSliceCluster, free_port
+from workloads.slices.reservation import SliceReservationError, reserve_slices
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
 
@@ -154,7 +154,7 @@ def test_release_on_error_inside_block_then_both_slices_at_once(released):
 
 # ------------------------------------------------------------------------ training
 def test_training_no_slice_can_hold_fails_in_bounded_time(released, tmp_path):
-    from workloads.train import TrainConfig, TrainingError, run_training
+    from workloads.training.driver import TrainConfig, TrainingError, run_training
 
     began = time.monotonic()
     with pytest.raises(TrainingError) as caught:
@@ -172,7 +172,7 @@ def test_training_no_slice_can_hold_fails_in_bounded_time(released, tmp_path):
 def trained(cluster):
     """Two runs on a 2-host slice, both checkpointing to gs://: the first to step 4, the second
     resumes from it to step 8."""
-    from workloads.train import TrainConfig, run_training
+    from workloads.training.driver import TrainConfig, run_training
 
     first_config = TrainConfig(
         checkpoint_dir=RUN, steps=4, global_batch=16, checkpoint_every=4, log_every=4
@@ -235,8 +235,8 @@ def test_reported_placement_is_where_the_workers_ran(trained, cluster):
 
 
 def test_checkpoint_restores_identical_parameters_from_gs(trained):
-    from workloads.checkpoint import restore_params
-    from workloads.model import params_digest
+    from workloads.model.byte_lm import params_digest
+    from workloads.model.checkpoint import restore_params
 
     config, _, second, _ = trained
     params, _, step = restore_params(config.checkpoint_dir)
@@ -247,7 +247,7 @@ def test_checkpoint_restores_identical_parameters_from_gs(trained):
 # ------------------------------------------------------------------------ serving
 @pytest.fixture(scope="module")
 def serving(trained):
-    from workloads import serve as serving_module
+    from workloads.serving import app as serving_module
 
     config, *_ = trained
     handle = serving_module.deploy(

@@ -23,7 +23,7 @@ from upstream_stub import COMPLETION, upstream_stub
 
 from raytpu.catalog import shape
 from raytpu_cli.common import SliceChoice
-from workloads.local_cluster import LocalSliceCluster, free_port
+from workloads.sim.local_cluster import LocalSliceCluster, free_port
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -49,8 +49,8 @@ def stub():
 def checkpoint(tmp_path_factory):
     import jax
 
-    from workloads import model as m
-    from workloads.checkpoint import open_checkpoints, save_state
+    from workloads.model import byte_lm as m
+    from workloads.model.checkpoint import open_checkpoints, save_state
 
     directory = str(tmp_path_factory.mktemp("llm") / "ck")
     cfg = m.ModelConfig()
@@ -65,8 +65,8 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(checkpoint, stub):
-    from workloads import serve as serving
-    from workloads.fallback import FallbackConfig
+    from workloads.serving import app as serving
+    from workloads.serving.fallback import FallbackConfig
 
     fallback = FallbackConfig(
         "openai", stub.url, "stub", timeout_s=5, backoff_s=0.05, probe_after_s=PROBE_AFTER_S
@@ -194,7 +194,7 @@ def test_fallback_while_the_tpu_replicas_are_dead_and_back_to_them_once_replaced
     import ray
     from ray import serve
 
-    from workloads.reservation import reserve_slices
+    from workloads.slices.reservation import reserve_slices
 
     stub.mode = "ok"
     body = {"model": MODEL, "prompt": "Where did the train go", "max_tokens": 8}

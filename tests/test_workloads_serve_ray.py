@@ -15,7 +15,7 @@ import pytest
 
 from raytpu.catalog import shape
 from raytpu_cli.common import SliceChoice, post_json
-from workloads.local_cluster import LocalSliceCluster, free_port
+from workloads.sim.local_cluster import LocalSliceCluster, free_port
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
 
@@ -31,9 +31,9 @@ def checkpoint(tmp_path_factory):
     """A step-1 checkpoint of a freshly initialised model (serving needs one, not a good one)."""
     import jax
 
-    from workloads import model as m
-    from workloads.checkpoint import open_checkpoints, save_state
-    from workloads.train import TrainConfig
+    from workloads.model import byte_lm as m
+    from workloads.model.checkpoint import open_checkpoints, save_state
+    from workloads.training.driver import TrainConfig
 
     directory = tmp_path_factory.mktemp("serve") / "ck"
     cfg = m.ModelConfig.from_dict(TrainConfig(checkpoint_dir=str(directory)).model)
@@ -48,8 +48,8 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def serving(checkpoint):
-    from workloads import serve as serving_module
-    from workloads.fallback import FallbackConfig
+    from workloads.serving import app as serving_module
+    from workloads.serving.fallback import FallbackConfig
 
     with LocalSliceCluster([SliceChoice("serve", V6E_2X2, 1)]):
         handle = serving_module.deploy(

@@ -12,10 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from workloads import openai_api
-from workloads.batching import AdaptiveBatcher
-from workloads.fallback import FallbackConfig, call_openai, failure_of
-from workloads.serve_requests import RequestError
+from workloads.serving import openai_api
+from workloads.serving.batching import AdaptiveBatcher
+from workloads.serving.fallback import FallbackConfig, call_openai, failure_of
+from workloads.serving.requests import RequestError
 
 
 # ------------------------------------------------------------------------------ batching
@@ -301,8 +301,8 @@ def test_router_falls_back_while_the_tpu_deployment_is_unavailable_and_returns_a
     from ray.exceptions import RayActorError
     from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-    from workloads.serve_http import Head
-    from workloads.serve_router import Router
+    from workloads.serving.http import Head
+    from workloads.serving.router import Router
 
     errors = {
         "unavailable": lambda: DeploymentUnavailableError("tg"),
@@ -353,7 +353,8 @@ def test_sharded_prefill_and_decode_run_without_collectives(tmp_path):
     script.write_text(
         """
 import jax, jax.numpy as jnp, numpy as np
-from workloads import decode as d, model as m
+from workloads.serving.engine import decode as d
+from workloads.model import byte_lm as m
 cfg = m.ModelConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, context_len=64)
 mesh = m.local_mesh()
 params = jax.device_put(m.init_state(cfg, jax.random.PRNGKey(0)).params, m.replicated(mesh))
@@ -375,7 +376,7 @@ for lowered in texts:
     hlo = lowered.compile().as_text()
     assert not [op for op in ("all-gather", "all-reduce", "collective-permute") if op in hlo]
 # Widths 64, 32 and 16, grouped on the mesh: the tokens of one device's joint prefill.
-from workloads.engine import Engine, Row
+from workloads.serving.engine.engine import Engine, Row
 batch = [Row(p, 4, 0.0) for p in ("a", "b" * 40, "c" * 20, "d", "e" * 40, "f")]
 on_mesh, timing = Engine(params, cfg, mesh, (4, 8), cap=8).generate(batch, seed=0)
 alone = Engine(params, cfg, None, (8,), cap=8, split_prefill=False).generate(batch, seed=0)[0]

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from raytpu.catalog import SliceShape, shape
-from workloads import corpus
-from workloads.local_cluster import LocalClusterError, LocalSliceCluster, host_specs
-from workloads.serve import (
+from workloads.data import corpus
+from workloads.serving.app import (
     MAX_NEW_TOKENS,
     MAX_PROMPT_CHARS,
     PAD_REQUEST,
@@ -20,7 +19,8 @@ from workloads.serve import (
     pad_to_bucket,
     parse_request,
 )
-from workloads.train import TrainConfig
+from workloads.sim.local_cluster import LocalClusterError, LocalSliceCluster, host_specs
+from workloads.training.driver import TrainConfig
 
 V6E_2X4_4T = shape("v6e", "2x4", machine_type="ct6e-standard-4t")
 V6E_2X2 = shape("v6e", "2x2")
@@ -247,7 +247,7 @@ def test_train_step_lowers_loss_on_a_fixed_batch():
     import jax
     import jax.numpy as jnp
 
-    from workloads import model as m
+    from workloads.model import byte_lm as m
 
     cfg = m.ModelConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, seq_len=32, warmup_steps=1)
     batch = jnp.asarray(m.sample_batch(m.encode(corpus.load_corpus()), 8, cfg.seq_len, seed=1))
@@ -264,8 +264,8 @@ def test_train_step_lowers_loss_on_a_fixed_batch():
 def test_checkpoint_round_trip_restores_identical_parameters(tmp_path):
     import jax
 
-    from workloads import model as m
-    from workloads.checkpoint import open_checkpoints, restore_params, save_state
+    from workloads.model import byte_lm as m
+    from workloads.model.checkpoint import open_checkpoints, restore_params, save_state
 
     cfg = m.ModelConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, seq_len=32)
     state = m.init_state(cfg, jax.random.PRNGKey(3))
@@ -282,7 +282,7 @@ def test_checkpoint_round_trip_restores_identical_parameters(tmp_path):
 
 
 def test_restore_params_from_empty_dir_names_it(tmp_path):
-    from workloads.checkpoint import restore_params
+    from workloads.model.checkpoint import restore_params
 
     with pytest.raises(FileNotFoundError, match=r"checkpoint_dir: .* has no checkpoint"):
         restore_params(str(tmp_path / "nothing"))
@@ -291,8 +291,8 @@ def test_restore_params_from_empty_dir_names_it(tmp_path):
 def test_generate_respects_per_request_lengths():
     import jax
 
-    from workloads import decode as d
-    from workloads import model as m
+    from workloads.model import byte_lm as m
+    from workloads.serving.engine import decode as d
 
     cfg = m.ModelConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, seq_len=32, context_len=64)
     params = m.init_state(cfg, jax.random.PRNGKey(0)).params
@@ -318,8 +318,8 @@ TINY_CONTEXT = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "context
 def test_kv_cached_decode_equals_the_uncached_reference(prompts, lengths, temperatures):
     import jax
 
-    from workloads import decode as d
-    from workloads import model as m
+    from workloads.model import byte_lm as m
+    from workloads.serving.engine import decode as d
 
     cfg = m.ModelConfig(**TINY_CONTEXT)
     params = m.init_state(cfg, jax.random.PRNGKey(1)).params
@@ -333,8 +333,8 @@ def test_decode_resumes_and_a_cached_prefix_block_replaces_its_prefill():
     another cache (start > 0) continues exactly as if it had prefilled it."""
     import jax
 
-    from workloads import decode as d
-    from workloads import model as m
+    from workloads.model import byte_lm as m
+    from workloads.serving.engine import decode as d
 
     cfg = m.ModelConfig(**TINY_CONTEXT)
     params = m.init_state(cfg, jax.random.PRNGKey(2)).params
@@ -362,7 +362,7 @@ def test_decode_resumes_and_a_cached_prefix_block_replaces_its_prefill():
     ids=["flag", "argument", "longer-port", "longer-host", "unrelated"],
 )
 def test_a_cluster_kills_only_processes_that_name_its_whole_address(cmdline, named) -> None:
-    from workloads.local_processes import names_address
+    from workloads.sim.local_processes import names_address
 
     assert names_address(cmdline, "192.0.2.2:4123") is named
 

@@ -235,7 +235,7 @@ class TrainTelemetry:
 
 
 def goodput(ratio: float, events: Iterable[Any], labels: Labels) -> None:
-    """A finished run's goodput and its fault events (:class:`workloads.goodput.GoodputEvent`)."""
+    """A finished run's goodput and its fault events (:class:`workloads.training.goodput.GoodputEvent`)."""
     record(mn.TRAIN_GOODPUT, ratio, labels)
     for event in events:
         record(mn.TRAIN_FAULT_EVENTS, 1, labels, event_class=event.kind)
@@ -281,7 +281,7 @@ class ServeTelemetry:
 
     def prefix(self, counts: Any) -> None:
         """One prefix-cache lookup's block hits per tier and misses
-        (:class:`workloads.prefix_cache.Counts`)."""
+        (:class:`workloads.serving.engine.prefix_cache.Counts`)."""
         for tier, hits in counts.hits.items():
             if hits:
                 record(mn.SERVE_PREFIX_HITS, hits, self.labels, tier=tier)

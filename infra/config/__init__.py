@@ -9,7 +9,7 @@ value and the valid values::
     ray-tpu:slices[1].topology: '4x5' is not valid; valid: 1x1, 2x2, 2x4, 4x4, ...
 
 Modules, by concern: :mod:`~infra.config.schema` (the frozen dataclasses the program reads),
-:mod:`~infra.config.reader` (the key-path reader kit), :mod:`~infra.config.values` (GCP, GKE and
+:mod:`~infra.config.reader` (the key-path reader kit), :mod:`~infra.config.gcp_rules` (GCP, GKE and
 Ray value rules), one parser per section (:mod:`~infra.config.cluster`,
 :mod:`~infra.config.slices`, :mod:`~infra.config.ray_objects`), :mod:`~infra.config.stack` (the
 whole stack and its cross-section rules, loading a stack file) and

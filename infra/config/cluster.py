@@ -5,15 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from infra.config.reader import Problems, Section, int_range, list_of, name_check, name_valid
-from infra.config.schema import (
-    NAMESPACE,
-    RELEASE_CHANNELS,
-    AuthorizedNetwork,
-    ClusterConfig,
-    CpuPoolConfig,
-)
-from infra.config.values import (
+from infra.config.gcp_rules import (
     CIDR_RE,
     DEFAULT_GKE_VERSION,
     MIN_GKE_VERSION,
@@ -21,6 +13,14 @@ from infra.config.values import (
     check_zone,
     gke_version_ok,
     zone_region,
+)
+from infra.config.reader import Problems, Section, int_range, list_of, name_check, name_valid
+from infra.config.schema import (
+    NAMESPACE,
+    RELEASE_CHANNELS,
+    AuthorizedNetwork,
+    ClusterConfig,
+    CpuPoolConfig,
 )
 
 

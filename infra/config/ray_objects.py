@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from infra.config.gcp_rules import IMPORT_PATH_RE, RAY_NAME_MAX, image_check
 from infra.config.reader import (
     MISSING,
     Problems,
@@ -33,7 +34,6 @@ from infra.config.schema import (
     SliceConfig,
     WorkerResources,
 )
-from infra.config.values import IMPORT_PATH_RE, RAY_NAME_MAX, image_check
 from raytpu.entrypoints import DEFAULT_RUN, LLM_IMPORT_PATH
 
 RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -393,4 +393,4 @@ SECTIONS = (
     ("rayJobs", parse_ray_job),
 )
 """Each KubeRay kind's key under ``ray-tpu:`` and its parser, in the order of
-:data:`infra.ray_kinds.RAY_KINDS`."""
+:data:`infra.manifests.ray_kinds.RAY_KINDS`."""

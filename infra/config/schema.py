@@ -181,7 +181,7 @@ class RayJobConfig(RayClusterConfig):
     """A KubeRay RayJob: its own RayCluster on ``slice``, one entrypoint, then shut down.
 
     ``entrypoint`` (a shell command) replaces the default, the training workload sized to the
-    slice (:mod:`infra.rayjob_spec`); ``args`` are appended to that default instead.
+    slice (:mod:`infra.manifests.rayjob`); ``args`` are appended to that default instead.
     """
 
     entrypoint: str | None = None

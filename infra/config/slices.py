@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from infra.config.gcp_rules import RESERVATION_RE, SLICE_NAME_MAX, check_zone
 from infra.config.reader import Problems, Section, int_range, name_check, name_valid
 from infra.config.schema import MAX_SLICE_COUNT, NAMESPACE, PROVISIONING, SliceConfig
-from infra.config.values import RESERVATION_RE, SLICE_NAME_MAX, check_zone
 from raytpu import catalog
 
 

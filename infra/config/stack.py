@@ -8,6 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from infra.config.cluster import parse_cluster
+from infra.config.gcp_rules import (
+    FLEX_START_TPU_GKE_VERSION,
+    PROJECT_RE,
+    REGION_RE,
+    gke_version_ok,
+    image_check,
+    parse_ray_version,
+    zone_region,
+)
 from infra.config.image import parse_image, vllm_image, worker_image
 from infra.config.ray_objects import SECTIONS
 from infra.config.reader import Problems, check_unique, list_of
@@ -22,15 +31,6 @@ from infra.config.security import parse_security
 from infra.config.slices import parse_slice
 from infra.config.storage import parse_storage
 from infra.config.teams import check_team_objects, parse_priority_classes, parse_teams
-from infra.config.values import (
-    FLEX_START_TPU_GKE_VERSION,
-    PROJECT_RE,
-    REGION_RE,
-    gke_version_ok,
-    image_check,
-    parse_ray_version,
-    zone_region,
-)
 from raytpu import inputs, project
 from raytpu.ray_versions import image_python, vllm_image_problems
 

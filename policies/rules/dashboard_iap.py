@@ -7,7 +7,7 @@ declares with ``spec.iap.enabled: true``. A backend is a Ray dashboard when it i
 
 - the dashboard port itself (8265, or the port named ``dashboard``), on any Service; or
 - a Service labelled ``ray-tpu/dashboard-proxy`` (the in-cluster proxy that adds the Ray token,
-  :mod:`infra.dashboard_iap_spec`): behind it the dashboard needs no token from the browser.
+  :mod:`infra.manifests.dashboard_iap`): behind it the dashboard needs no token from the browser.
 
 A Service labelled as the dashboard proxy is never ``LoadBalancer`` (a load balancer of its own
 would be a way around IAP). The resource rule ``no-public-ray-head`` keeps blocking a public
@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from policies.model import SERVICE, is_ingress, object_label
+from policies.props import as_int, as_list, get, is_unknown
+from policies.resources import SERVICE, is_ingress, object_label
 from policies.rules.exposure import INTERNAL_INGRESS_CLASSES, ingress_backends
-from policies.values import as_int, as_list, get, is_unknown
 from raytpu.gke_iap import (
     BACKEND_CONFIG_ANNOTATION,
     BACKEND_CONFIG_ANNOTATIONS,

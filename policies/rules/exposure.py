@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from policies.model import cluster_spec
-from policies.values import as_int, as_list, get, is_unknown
+from policies.props import as_int, as_list, get, is_unknown
+from policies.resources import cluster_spec
 from raytpu.ray_names import PRIVATE_HEAD_PORT_NAMES, PRIVATE_HEAD_PORTS
 
 RAY_HEAD_PORTS = PRIVATE_HEAD_PORTS

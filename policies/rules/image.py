@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from policies.model import kind_of, pod_templates
-from policies.values import as_list, get, is_unknown
+from policies.props import as_list, get, is_unknown
+from policies.resources import kind_of, pod_templates
 from raytpu.entrypoints import WORKER_PACKAGES
 from raytpu.ray_versions import STOCK_RAY_REPOSITORY, is_stock_ray_image
 
@@ -26,7 +26,7 @@ __all__ = ["check_image_has_code", "imports_project"]
 _PROJECT = re.compile(
     r"(?<![\w.-])(?:" + "|".join(re.escape(p) for p in WORKER_PACKAGES) + r")(?=$|[\s.:;&|)'\"])"
 )
-"""A word that names one of this project's packages (``raytpu_cli``, ``workloads.serve``) or its
+"""A word that names one of this project's packages (``raytpu_cli``, ``workloads.serving.app``) or its
 ``raytpu`` command."""
 _CODE_KEYS = ("working_dir", "py_modules")
 _PACKAGE_KEYS = ("pip", "uv", "conda")

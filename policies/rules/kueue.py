@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from policies.model import (
+from policies.props import as_int, as_list, as_map, as_str, get, is_unknown
+from policies.resources import (
     ResourceLike,
     kind_of,
     node_pool,
@@ -34,7 +35,6 @@ from policies.model import (
     worker_groups,
 )
 from policies.rules.stack import pool_slices
-from policies.values import as_int, as_list, as_map, as_str, get, is_unknown
 from raytpu import catalog
 from raytpu.kueue import PRIORITY_LABEL, QUEUE_LABEL
 

@@ -17,9 +17,9 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from policies.model import NodePool, node_pool
+from policies.props import as_int, as_list, as_map, is_unknown
+from policies.resources import NodePool, node_pool
 from policies.rules import Advisory
-from policies.values import as_int, as_list, as_map, is_unknown
 from raytpu import catalog
 
 

@@ -21,9 +21,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from policies.model import WorkerGroup, worker_groups
+from policies.props import is_unknown
+from policies.resources import WorkerGroup, worker_groups
 from policies.rules import Advisory
-from policies.values import is_unknown
 from raytpu import catalog
 
 WEBHOOK_ERROR = "Number of workers in worker group not equal to specified topology"

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from policies.model import cluster_spec, pod_templates
-from policies.values import as_list, get, is_unknown
+from policies.props import as_list, get, is_unknown
+from policies.resources import cluster_spec, pod_templates
 from raytpu.ray_versions import MINIMUM_RAY_VERSION, UNRENDERED, image_version, parse_version
 
 __all__ = ["DEFAULT_MINIMUM_VERSION", "check_ray_version", "image_version", "parse_version"]

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from policies.model import cluster_spec, kind_of, pod_templates
-from policies.values import as_list, get, is_unknown
+from policies.props import as_list, get, is_unknown
+from policies.resources import cluster_spec, kind_of, pod_templates
 
 NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 NAMESPACE = "kubernetes:core/v1:Namespace"
@@ -143,7 +143,7 @@ def check_network_policies(resources: Sequence[Any]) -> list[str]:
     return [
         f"namespace {namespace!r} (e.g. {example}): no NetworkPolicy; any pod in the cluster can "
         f"reach Ray's ports there: declare one that admits only the Ray object's own pods, the "
-        f"metrics scraper and the KubeRay operator (infra/ray_access.py builds it)"
+        f"metrics scraper and the KubeRay operator (infra/manifests/ray_access.py builds it)"
         for namespace, example in sorted(ray_namespaces.items())
         if namespace in declared and namespace not in guarded
     ]

@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from policies.model import pod_templates, worker_groups
-from policies.values import as_list, get, is_unknown
+from policies.props import as_list, get, is_unknown
+from policies.resources import pod_templates, worker_groups
 from raytpu import catalog
 from raytpu.entrypoints import LLM_IMPORT_PATH
 from raytpu.ray_versions import image_version, vllm_image_problems

@@ -19,7 +19,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from policies.model import (
+from policies.props import as_int, as_map, get, is_unknown
+from policies.resources import (
     NodePool,
     ResourceLike,
     kind_of,
@@ -30,7 +31,6 @@ from policies.model import (
 )
 from policies.rules import Advisory
 from policies.rules.node_pool import check_pool_shape
-from policies.values import as_int, as_map, get, is_unknown
 from raytpu import catalog
 
 ShapeKey = tuple[str, str, int]

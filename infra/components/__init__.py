@@ -1,0 +1,1 @@
+"""Every Pulumi ComponentResource of the program, one per file."""

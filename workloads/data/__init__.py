@@ -1,0 +1,3 @@
+"""Training data: the shipped corpus (corpus.txt) and the presets' tokenized per-host text
+pipeline.
+"""

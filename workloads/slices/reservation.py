@@ -1,0 +1,497 @@
+"""Atomic reservation of whole TPU slices: the only module that imports :mod:`ray.util.tpu`.
+
+Glossary (Ray's words):
+
+- **slice**: all TPU hosts of one topology, joined by ICI. A multi-host slice must be reserved
+  whole: a partial slice hangs in its first collective.
+- **head resource**: ``TPU-<pod type>-head``, carried only by worker 0 of each slice.
+  :func:`ray.util.tpu.slice_placement_group` first reserves it (a *head placement group*), which
+  claims one free slice and reveals its **slice name** (``ray.io/tpu-slice-name``).
+- **placement group**: one **bundle** per host (``{"TPU": chips per host, "CPU": 1}``), each bundle
+  constrained by a label selector to the claimed slice, so all bundles land on that slice's hosts.
+  Schedule workers into bundle *i* with ``PlacementGroupSchedulingStrategy``.
+- **chips per VM**: chips per host. Ray guesses it from the topology (8 for v5e/v6e ``2x4``,
+  which is wrong on 4-chip machines); we always pass it from the catalog.
+
+:func:`reserve_slices` reserves ``num_slices`` whole slices, waits for every bundle with a bound,
+yields a :class:`SliceReservation`, and removes every placement group on exit or error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from raytpu import errors
+from raytpu.catalog import SliceShape
+from raytpu.ray_names import LABEL_POD_TYPE, LABEL_SLICE_NAME, LABEL_TOPOLOGY, LABEL_WORKER_ID
+from workloads import telemetry
+from workloads.slices.release import remove_placement_groups
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class SliceReservationError(RuntimeError):
+    """A slice reservation that did not happen; by the time it is raised nothing is held.
+
+    Names the shape (generation, topology, hosts x chips), how long it waited, and why;
+    ``error_class`` says which scheduling failure it is (:mod:`raytpu.errors`).
+    """
+
+    def __init__(
+        self,
+        shape: SliceShape,
+        num_slices: int,
+        waited_s: float,
+        reason: str,
+        error_class: errors.ErrorClass = errors.NO_CAPACITY,
+    ) -> None:
+        self.error_class = error_class
+        self.shape = shape
+        self.num_slices = num_slices
+        self.waited_s = waited_s
+        self.reason = reason
+        super().__init__(
+            f"could not reserve {num_slices} x {shape.generation.name} {shape.topology} "
+            f"({shape.hosts} hosts x {shape.chips_per_host} chips, pod type {shape.pod_type}) "
+            f"after waiting {waited_s:.1f} s: {reason}"
+        )
+
+
+class HostLostError(RuntimeError):
+    """A host of a reserved slice died after the reservation: the slice is no longer whole.
+
+    Work pinned to that host's bundle would wait forever (Ray keeps the placement group and
+    reschedules the bundle when a node with the slice's label comes back, which never happens
+    for a lost TPU host). Release the reservation and reserve again.
+    """
+
+    def __init__(self, lost: tuple[ReservedHost, ...]) -> None:
+        self.lost = lost
+        names = ", ".join(
+            f"slice {h.slice_name} host {h.worker_id} (bundle {h.bundle_index}, node "
+            f"{h.node_id[:12]})"
+            for h in lost
+        )
+        super().__init__(
+            f"host lost: {names} is no longer alive; the reserved slice is not whole and work "
+            "pinned to it would wait forever; release the reservation and reserve again"
+        )
+
+
+@dataclass(frozen=True)
+class ReservedHost:
+    """One bundle of the placement group and the TPU host it landed on."""
+
+    bundle_index: int
+    slice_name: str
+    worker_id: int
+    node_id: str
+
+
+@dataclass(frozen=True)
+class SliceReservation:
+    """What workers need to run on reserved slices. Valid only inside ``reserve_slices``."""
+
+    shape: SliceShape
+    num_slices: int
+    placement_group: Any
+    """The :class:`ray.util.placement_group.PlacementGroup` holding one bundle per host."""
+    hosts: tuple[ReservedHost, ...]
+    """One per bundle, ordered by bundle index."""
+    slice_names: tuple[str, ...]
+    wait_s: float
+    """Seconds from the request until every bundle was placed."""
+    bundle_resources: dict[str, float]
+
+    def lost_hosts(self) -> tuple[ReservedHost, ...]:
+        """Reserved hosts whose Ray node is no longer alive."""
+        import ray
+
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        return tuple(h for h in self.hosts if h.node_id not in alive)
+
+    def check_hosts(self) -> None:
+        """Raise :class:`HostLostError` if any reserved host died."""
+        lost = self.lost_hosts()
+        if lost:
+            raise HostLostError(lost)
+
+    def get(self, refs: list[Any], *, timeout_s: float, poll_s: float = 1.0) -> list[Any]:
+        """``ray.get`` of work running on this reservation, bounded by ``timeout_s``, that
+        raises :class:`HostLostError` as soon as a reserved host dies instead of waiting."""
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        pending = list(refs)
+        while pending:
+            self.check_hosts()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"{len(pending)} of {len(refs)} results not ready after {timeout_s:.0f} s"
+                )
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(poll_s, remaining))
+        return ray.get(list(refs))
+
+    def scheduling_strategy(self, bundle_index: int) -> Any:
+        """The strategy that pins a task or actor to bundle ``bundle_index``; raises
+        :class:`HostLostError` if that bundle's host died."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if not 0 <= bundle_index < len(self.hosts):
+            raise ValueError(
+                f"bundle_index: {bundle_index!r} is not valid; valid: 0..{len(self.hosts) - 1}"
+            )
+        lost = [h for h in self.lost_hosts() if h.bundle_index == bundle_index]
+        if lost:
+            raise HostLostError(tuple(lost))
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.placement_group,
+            placement_group_bundle_index=bundle_index,
+        )
+
+
+@dataclass(frozen=True)
+class _Missing:
+    reason: str
+    error_class: errors.ErrorClass
+
+
+def _describe_missing(
+    shape: SliceShape, tpu_per_bundle: float, own: Sequence[Any] = ()
+) -> _Missing:
+    """Why bundles did not place: which slice lacks hosts, which host is too small, or which
+    placement groups hold the slices (``own``: this request's, named as such)."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    by_slice: dict[str, list[dict[str, Any]]] = {}
+    for node in nodes:
+        labels = node.get("Labels") or {}
+        if labels.get(LABEL_POD_TYPE) == shape.pod_type:
+            by_slice.setdefault(labels.get(LABEL_SLICE_NAME, "?"), []).append(node)
+    if not by_slice:
+        return _Missing(f"no host with pod type {shape.pod_type} is alive", errors.NO_CAPACITY)
+    reasons = []
+    error_class = errors.NO_CAPACITY
+    for name, members in sorted(by_slice.items()):
+        if len(members) < shape.hosts:
+            reasons.append(f"slice {name} has {len(members)} of {shape.hosts} hosts")
+            error_class = errors.PARTIAL_SLICE
+    biggest = max(float((n.get("Resources") or {}).get("TPU", 0)) for n in nodes)
+    if tpu_per_bundle > biggest:
+        reasons.append(
+            f"each bundle asks TPU {tpu_per_bundle:g} but the largest host has TPU {biggest:g}"
+        )
+        error_class = errors.MISSIZED_REQUEST
+    if not reasons:
+        complete = sorted(name for name, members in by_slice.items() if len(members) >= shape.hosts)
+        holders = _holders(by_slice, {pg.id.hex() for pg in own})
+        held_by = "; ".join(
+            f"{name} by {', '.join(holders.get(name) or ['no placement group (actors, tasks)'])}"
+            for name in complete
+        )
+        reasons.append(
+            f"no free slice: all {len(complete)} complete slice(s) of this shape are in use "
+            f"(held: {held_by})"
+        )
+    return _Missing("; ".join(reasons), error_class)
+
+
+def _holders(by_slice: dict[str, list[dict[str, Any]]], own: set[str]) -> dict[str, list[str]]:
+    """Per slice name, the created placement groups with a bundle on one of its hosts: "this
+    request" for an id in ``own``, else the group's name or ``unnamed <id prefix>`` (Ray
+    Train's and ``slice_placement_group``'s are unnamed)."""
+    from ray.util import placement_group_table
+
+    slice_of = {node["NodeID"]: name for name, members in by_slice.items() for node in members}
+    holders: dict[str, list[str]] = {}
+    for pg_id, pg in sorted(placement_group_table().items()):
+        if pg.get("state") != "CREATED":
+            continue
+        label = "this request" if pg_id in own else (pg.get("name") or f"unnamed {pg_id[:8]}")
+        for name in sorted({slice_of.get(n) for n in pg.get("bundles_to_node_id", {}).values()}):
+            if name:
+                holders.setdefault(name, []).append(label)
+    return holders
+
+
+def _hosts_of(pg: Any, num_bundles: int) -> tuple[ReservedHost, ...]:
+    import ray
+    from ray.util import placement_group_table
+
+    table = placement_group_table(pg)
+    bundle_nodes = table.get("bundles_to_node_id", {})
+    labels_by_node = {n["NodeID"]: (n.get("Labels") or {}) for n in ray.nodes()}
+    hosts = []
+    for index in range(num_bundles):
+        node_id = bundle_nodes.get(index, "")
+        labels = labels_by_node.get(node_id, {})
+        hosts.append(
+            ReservedHost(
+                bundle_index=index,
+                slice_name=labels.get(LABEL_SLICE_NAME, ""),
+                worker_id=int(labels.get(LABEL_WORKER_ID, -1)),
+                node_id=node_id,
+            )
+        )
+    return tuple(hosts)
+
+
+@contextlib.contextmanager
+def reserve_slices(
+    shape: SliceShape,
+    num_slices: int = 1,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    tpu_per_bundle: int | None = None,
+    cpus_per_bundle: float = 1.0,
+    name: str = "",
+    only: Sequence[str] = (),
+) -> Iterator[SliceReservation]:
+    """Reserve ``num_slices`` whole slices of ``shape`` atomically; release them on exit.
+
+    The same two steps as :func:`ray.util.tpu.slice_placement_group`, done concurrently: one
+    head placement group per slice, all requested at once and awaited together; each slice's
+    name read from the label of the node its head bundle landed on (the placement group table
+    and the node table, no task); then one placement group with one label-pinned bundle per
+    host. Ray's own call claims heads one after another and runs a task in each new head
+    placement group to read the name (``bench.reservation`` measures both).
+
+    ``tpu_per_bundle`` defaults to the shape's chips per host (one bundle per host); a larger
+    value models workers sized for bigger hosts and fails with a reason. ``only``: slice names
+    (``TPU_NAME``) to choose among, e.g. to hold (cordon) one named slice. Waits at most about
+    ``timeout_s`` in all. Raises :class:`SliceReservationError` (holding nothing) when no free
+    slice exists, a slice lacks a host, or the bundles cannot be placed in time.
+    """
+    import ray
+    from ray.util.placement_group import placement_group
+
+    if int(num_slices) < 1:
+        raise ValueError(f"num_slices: {num_slices!r} is not valid; valid: an integer >= 1")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s: {timeout_s!r} is not valid; valid: a number > 0")
+    num_slices = int(num_slices)
+    tpu = int(tpu_per_bundle or shape.chips_per_host)
+    began = time.monotonic()
+    held: list[Any] = []
+    reservation: SliceReservation | None = None
+    try:
+        if tpu < 1 or shape.chips % tpu:
+            raise SliceReservationError(
+                shape,
+                num_slices,
+                0.0,
+                f"tpu_per_bundle: {tpu!r} does not divide the slice's {shape.chips} chips; "
+                f"valid: a divisor of {shape.chips}",
+                errors.MISSIZED_REQUEST,
+            )
+        among = {LABEL_SLICE_NAME: f"in({','.join(only)})"} if only else {}
+        names: tuple[str, ...] = ()
+        if shape.multi_host:
+            names = _claim_heads(shape, num_slices, timeout_s, began, name, held, among)
+        bundles_per_slice = shape.workers(tpu)
+        selectors = []
+        for index in range(num_slices):
+            selector = {LABEL_POD_TYPE: shape.pod_type, LABEL_TOPOLOGY: shape.topology, **among}
+            if names:
+                selector[LABEL_SLICE_NAME] = names[index]
+            selectors += [dict(selector) for _ in range(bundles_per_slice)]
+        bundle = {"TPU": float(tpu), "CPU": float(cpus_per_bundle)}
+        pg = placement_group(
+            [dict(bundle) for _ in selectors],
+            strategy="SPREAD",
+            name=name,
+            bundle_label_selector=selectors,
+        )
+        held.append(pg)
+        remaining = max(0.5, timeout_s - (time.monotonic() - began))
+        ready, _ = ray.wait([pg.ready()], timeout=remaining)
+        if not ready:
+            missing = _describe_missing(shape, tpu, held)
+            raise SliceReservationError(
+                shape,
+                num_slices,
+                time.monotonic() - began,
+                f"bundles not placed within {timeout_s:.0f} s: {missing.reason}",
+                missing.error_class,
+            )
+        # The head placement groups stay until the reservation ends: released early, a slice
+        # whose hosts are all held looks free by its head resource, and the next reservation
+        # claims that head and waits on bundles that never place (Ray's sharp edge, seen here as
+        # a flaky "no free slice" while one slice was still free).
+        hosts = _hosts_of(pg, len(selectors))
+        reservation = SliceReservation(
+            shape=shape,
+            num_slices=num_slices,
+            placement_group=pg,
+            hosts=hosts,
+            slice_names=tuple(dict.fromkeys(h.slice_name for h in hosts)),
+            wait_s=time.monotonic() - began,
+            bundle_resources=bundle,
+        )
+    except SliceReservationError as error:
+        logger.warning(
+            "slice reservation failed: shape=%s generation=%s hosts=%d slices=%d wait=%.1fs "
+            "reason=%s",
+            shape.topology,
+            shape.generation.name,
+            shape.hosts,
+            num_slices,
+            error.waited_s,
+            error.reason,
+        )
+        remove_placement_groups(held)
+        telemetry.reservation(shape, num_slices, error.waited_s, error)
+        raise
+    except BaseException:
+        remove_placement_groups(held)
+        raise
+    logger.info(
+        "slice reservation ok: shape=%s generation=%s hosts=%d slices=%d (%s) wait=%.1fs",
+        shape.topology,
+        shape.generation.name,
+        shape.hosts,
+        num_slices,
+        ", ".join(reservation.slice_names),
+        reservation.wait_s,
+    )
+    telemetry.reservation(shape, num_slices, reservation.wait_s)
+    try:
+        yield reservation
+    finally:
+        remove_placement_groups(held)
+        logger.info("slice reservation released: %s", ", ".join(reservation.slice_names))
+
+
+def _claim_heads(
+    shape: SliceShape,
+    num_slices: int,
+    timeout_s: float,
+    began: float,
+    name: str,
+    held: list[Any],
+    among: dict[str, str],
+) -> tuple[str, ...]:
+    """Claim ``num_slices`` head resources at once (on slices matching ``among``, a label
+    selector); return the claimed slices' names.
+
+    Appends every head placement group to ``held`` as soon as it exists, so the caller releases
+    them all (claimed or pending) on any error: all or nothing.
+    """
+    import ray
+    from ray.util.placement_group import placement_group
+
+    heads = []
+    for index in range(num_slices):
+        heads.append(
+            placement_group(
+                [{shape.ray_head_resource: 1.0}],
+                bundle_label_selector=[
+                    {LABEL_WORKER_ID: "0", LABEL_POD_TYPE: shape.pod_type, **among}
+                ],
+                name=f"{name}-head-{index}" if name else "",
+            )
+        )
+        held.append(heads[-1])
+    ready, _ = ray.wait([pg.ready() for pg in heads], num_returns=len(heads), timeout=timeout_s)
+    if len(ready) < len(heads):
+        missing = _describe_missing(shape, shape.chips_per_host, held)
+        raise SliceReservationError(
+            shape,
+            num_slices,
+            time.monotonic() - began,
+            f"{missing.reason}; {len(ready)} of {num_slices} head resources "
+            f"{shape.ray_head_resource} claimed within {timeout_s:.0f} s",
+            missing.error_class,
+        )
+    return _head_slice_names(heads)
+
+
+def _head_slice_names(heads: list[Any]) -> tuple[str, ...]:
+    """The slice name of each claimed head: its bundle's node, looked up in the node table."""
+    import ray
+    from ray.util import placement_group_table
+
+    labels_by_node = {n["NodeID"]: (n.get("Labels") or {}) for n in ray.nodes()}
+    names = []
+    for pg in heads:
+        node_id = placement_group_table(pg).get("bundles_to_node_id", {}).get(0, "")
+        slice_name = labels_by_node.get(node_id, {}).get(LABEL_SLICE_NAME)
+        if not slice_name:
+            raise RuntimeError(
+                f"head placement group {pg.id.hex()} landed on node {node_id[:12] or '?'} "
+                f"which has no {LABEL_SLICE_NAME} label; the TPU host's labels are missing"
+            )
+        names.append(slice_name)
+    return tuple(names)
+
+
+@contextlib.contextmanager
+def ray_native_reservation(
+    shape: SliceShape, num_slices: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> Iterator[Any]:
+    """Ray's own :func:`ray.util.tpu.slice_placement_group` for ``num_slices`` slices of
+    ``shape``, awaited until ready and removed on exit: the baseline ``bench.reservation``
+    compares :func:`reserve_slices` with. Raises ``TimeoutError`` if not ready in time."""
+    import ray
+    from ray.util.tpu import slice_placement_group
+
+    spg = slice_placement_group(
+        shape.topology,
+        shape.accelerator_version,
+        resources_per_bundle={"TPU": shape.chips_per_host, "CPU": 1},
+        num_slices=int(num_slices),
+        chips_per_vm=shape.chips_per_host,
+        head_reservation_timeout_s=timeout_s,
+    )
+    try:
+        ready, _ = ray.wait([spg.placement_group.ready()], timeout=timeout_s)
+        if not ready:
+            raise TimeoutError(f"slice_placement_group not ready within {timeout_s:.0f} s")
+        yield spg
+    finally:
+        spg.shutdown()
+
+
+SPARE_CHECK_TIMEOUT_S = 10.0
+"""The bound on :func:`spare_slice_exists`'s placement groups' creation. It was 2 s, and once on
+CI's loaded 2 cores the check answered "no spare" where the test had left a slice free."""
+
+
+def spare_slice_exists(shape: SliceShape, timeout_s: float = SPARE_CHECK_TIMEOUT_S) -> bool:
+    """Whether one more whole slice of ``shape`` is free right now: reserved for an instant
+    (:func:`reserve_slices`) and released. Not Ray's ``get_num_ready_tpu_slices``: on the
+    simulated cluster it counted a free slice while a run held the only one.
+
+    ``timeout_s`` bounds the two placement groups' creation, not a wait for capacity; with no
+    spare slice the answer takes all of it, and its release up to
+    :data:`workloads.slices.release.SETTLE_S` more."""
+    try:
+        with reserve_slices(shape, 1, timeout_s=timeout_s, name="raytpu-spare-check"):
+            return True
+    except SliceReservationError:
+        return False
+
+
+def ray_splits_slice(shape: SliceShape) -> bool:
+    """Whether Ray's own slice reservation (``SlicePlacementGroup``, which ``JaxTrainer`` uses
+    without a ``chips_per_vm``) would NOT keep the hosts of one slice of ``shape`` together.
+
+    Ray takes a v5e/v6e ``2x4`` for one 8-chip host, so on 4-chip machines (2 hosts) it reserves
+    no slice name and spreads the workers over any hosts with free TPU (seen with Ray 2.60: one
+    worker of a 2x4 run on a serving host). Every other shape it reserves whole by slice name.
+    """
+    from ray.util.tpu import get_chips_per_host, get_num_chips_from_topology
+
+    if not shape.multi_host:
+        return False
+    ray_chips_per_host = get_chips_per_host(shape.topology, shape.accelerator_version)
+    return get_num_chips_from_topology(shape.topology) <= ray_chips_per_host

@@ -1,0 +1,192 @@
+"""Fault injection for training runs: ``kill-host@40``, ``hang@70:1``, ``spike@30``, ``slow-host@20``.
+
+A **fault spec** is ``KIND@STEP`` or ``KIND@STEP:HOST``: at optimizer step ``STEP`` (the step
+about to run, counted from 0) the worker of host ``HOST`` (``jax.process_index()``, default the
+last host) does:
+
+- ``kill-host``: loses its local disk (the fast checkpoint tier, :mod:`workloads.training.checkpoint_tiers`) and its
+  process dies at once (SIGKILL), as a host that goes away;
+- ``hang``: stops making progress (sleeps) until the hang watchdog (:mod:`workloads.training.goodput`)
+  sees it;
+- ``spike``: trains that step on a corrupt batch (uniform random bytes, a real loss spike; the
+  spike affects every host since the loss is global, ``HOST`` is ignored);
+- ``slow-host``: from that step on, ``SLOW_HOST_DELAY_S`` (1 s) more per step on that host. The
+  host stays slow: once the fault fired, it is keyed to the host it hit (``slice/worker``), not
+  to a process index, so after a restart it slows that host's new worker, and no other.
+- ``preempt``: a preemption notice for that host: its Ray node is drained with reason
+  *preemption* and a deadline ``grace_s`` ahead, which is what ``ray start --block`` does when
+  GKE sends the host's pod SIGTERM (Ray Train's preemption watcher then tells every worker, which
+  saves an emergency checkpoint if it fits). The host goes away at the deadline; the local slice
+  cluster then starts a new one in its place (:class:`workloads.sim.local_cluster.LocalSliceCluster`).
+
+Each other fault fires once per run: the driver passes only the faults not yet fired to a
+restarted attempt (:class:`FaultPlan`). Used by tests, ``bench/goodput.py`` and ``raytpu train
+--inject``. The parsing is stdlib only; :meth:`FaultPlan.apply` runs in a worker.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+KINDS = ("kill-host", "hang", "spike", "slow-host", "preempt")
+SLOW_HOST_DELAY_S = 1.0
+HANG_SLEEP_S = 3600.0
+"""How long an injected hang sleeps (the watchdog ends it long before)."""
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: str
+    step: int
+    host: int = -1
+    """``jax.process_index()`` of the faulty host; ``-1``: the last host."""
+
+    def __str__(self) -> str:
+        return f"{self.kind}@{self.step}" + ("" if self.host == -1 else f":{self.host}")
+
+    def host_index(self, process_count: int) -> int:
+        return process_count - 1 if self.host == -1 else self.host
+
+
+def parse_fault(text: str, *, field: str = "inject") -> FaultSpec:
+    """``KIND@STEP[:HOST]`` -> :class:`FaultSpec`; ``ValueError`` naming the field, the value and
+    what is valid."""
+    valid = f"KIND@STEP[:HOST] with KIND one of {', '.join(KINDS)}, STEP >= 0, HOST >= 0"
+    kind, at, rest = text.strip().partition("@")
+    if not at or kind not in KINDS:
+        raise ValueError(f"{field}: {text!r} is not valid; valid: {valid}")
+    step_text, colon, host_text = rest.partition(":")
+    try:
+        step = int(step_text)
+        host = int(host_text) if colon else -1
+    except ValueError:
+        raise ValueError(f"{field}: {text!r} is not valid; valid: {valid}") from None
+    if step < 0 or (colon and host < 0):
+        raise ValueError(f"{field}: {text!r} is not valid; valid: {valid}")
+    return FaultSpec(kind, step, host)
+
+
+def parse_faults(texts: Iterable[str], *, field: str = "inject") -> tuple[FaultSpec, ...]:
+    return tuple(parse_fault(t, field=field) for t in texts)
+
+
+def check_hosts(
+    faults: Iterable[FaultSpec], process_count: int, steps: int, *, field: str = "inject"
+) -> None:
+    """Every fault names a host of the run and a step it reaches."""
+    for fault in faults:
+        if fault.host >= process_count:
+            raise ValueError(
+                f"{field}: {str(fault)!r} names host {fault.host}; valid: 0..{process_count - 1}"
+            )
+        if fault.step >= steps:
+            raise ValueError(
+                f"{field}: {str(fault)!r} is at step {fault.step}; valid: 0..{steps - 1}"
+            )
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """The faults of one attempt, as the workers apply them."""
+
+    faults: tuple[FaultSpec, ...] = ()
+
+    def to_config(self) -> list[str]:
+        return [str(f) for f in self.faults]
+
+    @classmethod
+    def from_config(cls, raw: Iterable[str]) -> FaultPlan:
+        return cls(parse_faults(raw))
+
+    def without(self, fired: Iterable[str]) -> FaultPlan:
+        """The plan less the faults that fired; a slow host stays (a condition, not an event)."""
+        gone = set(fired)
+        return FaultPlan(
+            tuple(f for f in self.faults if f.kind == "slow-host" or str(f) not in gone)
+        )
+
+    def at(self, step: int, process_index: int, process_count: int) -> list[FaultSpec]:
+        """The one-shot faults this host applies before ``step`` (a spike on every host); a slow
+        host is not one: see :meth:`slow_at`."""
+        return [
+            f
+            for f in self.faults
+            if f.step == step
+            and f.kind != "slow-host"
+            and (f.kind == "spike" or f.host_index(process_count) == process_index)
+        ]
+
+    def slow_at(
+        self,
+        step: int,
+        process_index: int,
+        process_count: int,
+        host: str,
+        slow_hosts: dict[str, str],
+    ) -> list[FaultSpec]:
+        """The slow-host faults that slow this worker at ``step``: one that fired before
+        (``slow_hosts``: spec -> the host it hit) slows that host; one that has not, the
+        process it names."""
+        return [
+            f
+            for f in self.faults
+            if f.kind == "slow-host"
+            and f.step <= step
+            and (
+                slow_hosts[str(f)] == host
+                if str(f) in slow_hosts
+                else f.host_index(process_count) == process_index
+            )
+        ]
+
+    def apply(
+        self,
+        fault: FaultSpec,
+        *,
+        fast_dir: Path,
+        announce: Any,
+        batch: Any = None,
+        grace_s: float = 30.0,
+    ) -> Any:
+        """Do ``fault`` in this worker; returns the batch to train on (corrupt for a spike).
+        ``announce(fault)`` runs first, so the driver knows it fired even if the process dies."""
+        import numpy as np
+
+        announce(fault)
+        if fault.kind == "kill-host":
+            shutil.rmtree(fast_dir, ignore_errors=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind == "hang":
+            time.sleep(HANG_SLEEP_S)
+        elif fault.kind == "preempt":
+            drain_for_preemption(f"injected {fault}", grace_s)
+        elif fault.kind == "spike" and batch is not None:
+            rng = np.random.default_rng(fault.step)
+            return rng.integers(0, 256, size=np.shape(batch), dtype=np.asarray(batch).dtype)
+        return batch
+
+
+def drain_for_preemption(message: str, grace_s: float) -> None:
+    """Drain this worker's Ray node with reason *preemption* and a deadline ``grace_s`` ahead:
+    the call ``ray start --block`` makes on SIGTERM (``ray/_private/node.py``) and
+    ``ray drain-node`` makes by hand (Ray's developer API: ``GcsClient.drain_node``)."""
+    import ray
+    from ray.core.generated import autoscaler_pb2
+
+    context = ray.get_runtime_context()
+    deadline_ms = int(time.time() * 1000 + grace_s * 1000)
+    accepted, rejection = ray._raylet.GcsClient(address=context.gcs_address).drain_node(
+        context.get_node_id(),
+        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+        message,
+        deadline_ms,
+    )
+    if not accepted:
+        raise RuntimeError(f"drain for preemption refused by the GCS: {rejection}")
