@@ -23,7 +23,7 @@ error as text: the ``[RTPU-..]`` tag in the message survives).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 
@@ -187,3 +187,15 @@ def of_status(http_status: int) -> ErrorClass | None:
 def status_class(http_status: int) -> str:
     """``2xx``/``4xx``/``5xx``: the bounded label for HTTP statuses."""
     return f"{int(http_status) // 100}xx"
+
+
+def invalid(field: str, value: object, valid: str | Iterable[object], hint: str = "") -> str:
+    """The one message for refused input: the field, the bad value and the valid ones.
+
+    ``invalid("slices[1].topology", "4x5", ["2x2", "2x4"])`` is
+    ``"slices[1].topology: '4x5' is not valid; valid: 2x2, 2x4"``; ``valid`` is a list of values
+    or a phrase (``"an integer >= 1"``), and ``hint`` says how to fix it, after a semicolon.
+    """
+    shown = valid if isinstance(valid, str) else ", ".join(str(v) for v in valid)
+    message = f"{field}: {value!r} is not valid; valid: {shown}"
+    return f"{message}; {hint}" if hint else message

@@ -160,3 +160,19 @@ def test_a_handlers_own_answer_is_counted_under_its_status_class(
     assert errors.of_status(status) == expected
     if expected is not None and status in (429, 503, 504):
         assert expected.http_status == status  # the class answers with that status itself
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("topology", "4x5", ["2x2", "2x4"]), "topology: '4x5' is not valid; valid: 2x2, 2x4"),
+        (("steps", 0, "an integer >= 1"), "steps: 0 is not valid; valid: an integer >= 1"),
+        (
+            ("stack", "qa", ("dev", "prod"), "add Pulumi.qa.yaml"),
+            "stack: 'qa' is not valid; valid: dev, prod; add Pulumi.qa.yaml",
+        ),
+    ],
+    ids=["list", "phrase", "hint"],
+)
+def test_invalid_names_field_value_and_valid_ones(args: tuple, message: str) -> None:
+    assert errors.invalid(*args) == message
