@@ -34,7 +34,6 @@ from raytpu.ray_names import DASHBOARD_PORT, SERVE_PORT
 
 __all__ = [
     "DEFAULT_DASHBOARD_PORT",
-    "SERVE_PORT",
     "RayHead",
     "SliceOutput",
     "StackNotDeployedError",

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from raytpu import entrypoints, errors, stack_outputs
+from raytpu.ray_names import SERVE_PORT
 from raytpu.stack_outputs import RayHead, StackOutputs, StackOutputsError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -174,7 +175,7 @@ def _service_message(service: RayHead, cluster_hint: StackOutputs | None = None)
         "serveConfigV2 and replaces anything submitted to it. Change it with "
         f"`pulumi up --stack {cluster_hint.stack if cluster_hint else 'STACK'}`; query it with:",
         f"  {service.serve_port_forward_command()}",
-        f"  curl -X POST http://127.0.0.1:{stack_outputs.SERVE_PORT}/ "
+        f"  curl -X POST http://127.0.0.1:{SERVE_PORT}/ "
         """-H 'content-type: application/json' -d '{"prompt": "The TPU"}'""",
     ]
     if cluster_hint is not None and cluster_hint.ray_clusters:

@@ -238,3 +238,212 @@ def _arithmetic_on_shapes(path: Path) -> Iterator[str]:
 def test_shape_arithmetic_lives_in_the_catalog(name: str) -> None:
     found = list(_arithmetic_on_shapes(MODULES[name]))
     assert not found, f"{name}: {found}; use SliceShape.hosts / SliceShape.workers() / the catalog"
+
+
+# --- Rooms: where a newcomer finds each concern, and the walls between them -------------------
+
+ROOMS = {
+    "workloads.slices": "reserving whole TPU slices and releasing them",
+    "workloads.sim": "the local cluster that simulates TPU hosts (used by tests and the CLI only)",
+    "workloads.model": "model families, sharding, checkpoints",
+    "workloads.data": "the corpus and text data",
+    "workloads.training": "the driver, the worker loop, goodput and recovery",
+    "workloads.serving": "the Serve app, routes, requests, fallback",
+    "workloads.serving.engine": "batched decode with the prefix-reusing KV cache",
+    "infra.components": "every Pulumi ComponentResource, one per file",
+    "infra.manifests": "pure builders of Kubernetes objects (no Pulumi)",
+    "infra.config": "the stack file, read once into frozen dataclasses",
+}
+# Modules allowed beside the rooms, at the top of their wing.
+TOP_MODULES = {
+    "workloads": {"workloads", "workloads.telemetry", "workloads.storage", "workloads.serve"},
+    "infra": {"infra", "infra.program", "infra.offline", "infra.worker_image"},
+}
+# (room, the modules that may not import it, why)
+WALLS = [
+    (
+        "workloads.sim",
+        "workloads.",
+        "the simulation is the test bench; workloads run the same on GKE without it",
+    ),
+    ("workloads.training", "workloads.serving", "serving loads checkpoints, not the training loop"),
+    ("pulumi", "infra.manifests", "manifests are pure data; components turn them into resources"),
+]
+# The one module that only re-exports: the import path stack files, the Dockerfile and docs name.
+ALLOWED_SHIMS = {"workloads.serve"}
+# Facades left today; the set only shrinks (a stale entry fails too).
+PENDING_FACADES = {"infra.config", "workloads.training.driver"}
+MAX_FUNCTION_LINES = 120
+# Functions over the limit today; the list only shrinks (a stale entry fails too).
+LONG_FUNCTIONS = {
+    "infra.config.stack.parse_config",
+    "infra.program.declare",
+    "workloads.slices.reservation.reserve_slices",
+    "workloads.training.driver.run_training",
+    "workloads.training.worker_loop.train_loop_per_worker",
+}
+
+
+def _room(module: str) -> str | None:
+    """The deepest room that holds ``module`` (``None`` for top-level modules)."""
+    rooms = [r for r in ROOMS if module == r or module.startswith(r + ".")]
+    return max(rooms, key=len) if rooms else None
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS), ids=sorted(ROOMS))
+def test_room_exists_as_a_package(room: str) -> None:
+    assert room in MODULES, f"{room} ({ROOMS[room]}) is missing: expected {room.replace('.', '/')}/"
+    assert MODULES[room].name == "__init__.py"
+    assert MODULES[room].read_text().strip(), (
+        f"{room}/__init__.py needs a docstring saying what lives there"
+    )
+
+
+@pytest.mark.parametrize("wing", sorted(TOP_MODULES), ids=sorted(TOP_MODULES))
+def test_every_module_of_a_wing_is_in_a_room(wing: str) -> None:
+    loose = sorted(
+        m
+        for m in MODULES
+        if _package(m) == wing and _room(m) is None and m not in TOP_MODULES[wing]
+    )
+    assert not loose, f"{loose} sit loose in {wing}/; move each into one of {sorted(ROOMS)}"
+
+
+@pytest.mark.parametrize(
+    ("room", "importers", "why"), WALLS, ids=[f"{r}-not-in-{i.rstrip('.')}" for r, i, _ in WALLS]
+)
+def test_walls_between_rooms(room: str, importers: str, why: str) -> None:
+    wrong = sorted(
+        f"{name} imports {imported}"
+        for name, path in MODULES.items()
+        if (name == importers or name.startswith(importers)) and _room(name) != room
+        for imported in _imports(path)
+        if imported == room or imported.startswith(room + ".")
+    )
+    assert not wrong, f"{wrong}: {why}"
+
+
+def _is_component(node: ast.ClassDef) -> bool:
+    return any(
+        (isinstance(b, ast.Attribute) and b.attr == "ComponentResource")
+        or (isinstance(b, ast.Name) and b.id == "ComponentResource")
+        for b in node.bases
+    )
+
+
+def test_every_component_lives_alone_in_infra_components() -> None:
+    found: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and _is_component(node):
+                found.setdefault(name, []).append(node.name)
+    misplaced = sorted(n for n in found if _room(n) != "infra.components")
+    crowded = sorted(f"{n}: {c}" for n, c in found.items() if len(c) > 1)
+    assert found, "no ComponentResource found: the rule would pass vacuously"
+    assert not misplaced, f"ComponentResources outside infra/components/: {misplaced}"
+    assert not crowded, f"one ComponentResource per file: {crowded}"
+
+
+def _body_without_docstring(tree: ast.Module) -> list[ast.stmt]:
+    return [
+        n
+        for n in tree.body
+        if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+        and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")
+    ]
+
+
+def _reexports(path: Path) -> list[str]:
+    """Names a module lists in ``__all__`` but imports from another project module."""
+    tree = ast.parse(path.read_text())
+    imported = {
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module and _package(node.module) in PACKAGES
+        for alias in node.names
+    }
+    exported = [
+        element.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(getattr(t, "id", "") == "__all__" for t in node.targets)
+        for element in node.value.elts
+        if isinstance(element, ast.Constant)
+    ]
+    return [name for name in exported if name in imported]
+
+
+def _is_shim(path: Path) -> bool:
+    """A module whose body is only imports (and ``__all__``)."""
+    body = _body_without_docstring(ast.parse(path.read_text()))
+    imports = [n for n in body if isinstance(n, ast.Import | ast.ImportFrom)]
+    rest = [
+        n
+        for n in body
+        if n not in imports
+        and not (
+            isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in n.targets)
+        )
+    ]
+    return bool(imports) and not rest
+
+
+@pytest.mark.parametrize("name", sorted(MODULES), ids=sorted(MODULES))
+def test_no_shim_and_no_reexport(name: str) -> None:
+    if name in PENDING_FACADES:
+        assert _is_shim(MODULES[name]) or _reexports(MODULES[name]), f"{name}: off PENDING_FACADES"
+        return
+    if name in ALLOWED_SHIMS:
+        assert _is_shim(MODULES[name]) and len(MODULES[name].read_text().splitlines()) <= 3
+        return
+    assert not _is_shim(MODULES[name]), f"{name} only re-exports; import from the defining modules"
+    again = _reexports(MODULES[name])
+    assert not again, f"{name} re-exports {again} in __all__; callers import them where they live"
+
+
+def _long_functions() -> dict[str, int]:
+    found = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    found[f"{name}.{node.name}"] = lines
+    return found
+
+
+def test_no_function_over_120_lines() -> None:
+    found = _long_functions()
+    new = {f: n for f, n in found.items() if f not in LONG_FUNCTIONS}
+    fixed = sorted(LONG_FUNCTIONS - set(found))
+    assert not new, f"functions over {MAX_FUNCTION_LINES} lines: {new}; split them into named steps"
+    assert not fixed, f"{fixed} are short now: take them off LONG_FUNCTIONS"
+
+
+@pytest.mark.parametrize(
+    ("source", "rule"),
+    [
+        ("import os\n__all__ = ['os']\n", "shim"),
+        ('"""Doc."""\nfrom raytpu.catalog import SHAPES\n', "shim"),
+        (
+            "from raytpu.catalog import SHAPES\n\n\ndef f():\n    return SHAPES\n\n__all__ = ['SHAPES']\n",
+            "reexport",
+        ),
+        ("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES + "    return x\n", "long"),
+    ],
+    ids=["imports-only", "docstring-and-import", "all-lists-an-import", "long-function"],
+)
+def test_the_rules_catch_what_they_name(
+    tmp_path: Path, source: str, rule: str, monkeypatch
+) -> None:
+    path = tmp_path / "bad.py"
+    path.write_text(source)
+    caught = {
+        "shim": _is_shim(path),
+        "reexport": bool(_reexports(path)),
+        "long": False,
+    }
+    if rule == "long":
+        monkeypatch.setitem(MODULES, "bad", path)
+        caught["long"] = "bad.f" in _long_functions()
+    assert caught[rule], f"{rule} rule missed {source[:60]!r}"

@@ -12,8 +12,9 @@ from policies.rules.exposure import (
     check_service,
     check_workload_identity,
 )
-from policies.rules.ray_version import check_ray_version, image_version
+from policies.rules.ray_version import check_ray_version
 from raytpu import catalog
+from raytpu.ray_versions import image_version
 
 KINDS = ["RayCluster", "RayService", "RayJob"]
 SHAPE = catalog.shape("v6e", "4x4")

@@ -16,8 +16,6 @@ from policies.props import as_list, get, is_unknown
 from policies.resources import cluster_spec, pod_templates
 from raytpu.ray_versions import MINIMUM_RAY_VERSION, UNRENDERED, image_version, parse_version
 
-__all__ = ["DEFAULT_MINIMUM_VERSION", "check_ray_version", "image_version", "parse_version"]
-
 DEFAULT_MINIMUM_VERSION = MINIMUM_RAY_VERSION
 
 
@@ -97,4 +95,4 @@ def check_ray_version(
     return violations
 
 
-__all__ = ["DEFAULT_MINIMUM_VERSION", "check_ray_version", "image_version", "parse_version"]
+__all__ = ["DEFAULT_MINIMUM_VERSION", "check_ray_version"]
