@@ -9,18 +9,18 @@ resource with a structural schema it first drops every ``null`` on a field that 
 :func:`admitted` does those two steps in that order on a copy, :func:`validate_spec` validates
 the result; a wrong type or a missing required field without a default stays an error.
 
-A :class:`CrdSet` is one API group's CRDs in one folder. :data:`KUBERAY`'s schemas are read from
-``$RAYTPU_KUBERAY_CRDS`` or, by default, ``../shared/kuberay/crds`` beside the repository
-(:mod:`raytpu.gmp_crds` holds the managed-Prometheus set). Point the variable at CRDs exported from a live cluster
+A :class:`CrdSet` is one API group's CRDs in one folder, fetched at the pin of
+:mod:`raytpu.crd_pins` (``raytpu crds fetch``; :mod:`raytpu.gmp_crds` and :mod:`raytpu.kueue` hold
+the other two sets). Point ``$RAYTPU_KUBERAY_CRDS`` at CRDs exported from a live cluster
 (``kubectl get crd rayclusters.ray.io -o yaml > crds/ray.io_rayclusters.yaml``) to check against
-exactly the operator version GKE runs.
+exactly the operator version GKE runs. These checks are offline checks (``raytpu check``,
+``raytpu preview``, the tests): declaring resources never reads a CRD.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,8 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+from raytpu.crd_pins import CrdPin, pin
+from raytpu.errors import invalid
 
 
 class CrdsMissingError(FileNotFoundError):
@@ -42,9 +43,9 @@ class CrdSet:
     api_version: str
     kinds: dict[str, str] = field(hash=False)
     """kind -> plural (the CRD file is ``<group>_<plural>.yaml``)."""
-    env_var: str
-    default_dir: Path
-    report_unknown: bool = False
+    pin: CrdPin
+    """Where the files come from and which folder holds them."""
+    report_unknown: bool = True
     """Report fields the schema does not know (the API server would drop them silently)."""
     body_kinds: frozenset[str] = frozenset()
     """Kinds without a ``spec`` (Kueue's WorkloadPriorityClass: ``value``, ``description``):
@@ -58,8 +59,20 @@ class CrdSet:
     def version(self) -> str:
         return self.api_version.split("/")[1]
 
+    @property
+    def env_var(self) -> str:
+        return self.pin.env_var
+
     def crds_dir(self) -> Path:
-        return Path(os.environ.get(self.env_var) or self.default_dir)
+        return self.pin.local_dir()
+
+    def filenames(self) -> list[str]:
+        """The CRD files of this set: ``<group>_<plural>.yaml`` per kind."""
+        return [f"{self.group}_{plural}.yaml" for plural in self.kinds.values()]
+
+    def missing(self) -> list[str]:
+        """The CRD files not in :meth:`crds_dir` (empty when the set can be checked)."""
+        return [name for name in self.filenames() if not (self.crds_dir() / name).is_file()]
 
     def spec_schema(self, kind: str) -> dict[str, Any]:
         return _spec_schema(self, kind, str(self.crds_dir()))
@@ -93,12 +106,10 @@ class CrdSet:
         """Schema errors of a whole object of this group."""
         errors = []
         if obj.get("apiVersion") != self.api_version:
-            errors.append(
-                f"apiVersion: {obj.get('apiVersion')!r} is not valid; valid: {self.api_version}"
-            )
+            errors.append(invalid("apiVersion", obj.get("apiVersion"), [self.api_version]))
         kind = obj.get("kind")
         if not isinstance(kind, str) or kind not in self.kinds:
-            return [*errors, f"kind: {kind!r} is not valid; valid: {', '.join(self.kinds)}"]
+            return [*errors, invalid("kind", kind, self.kinds)]
         if kind in self.body_kinds:
             body = {k: v for k, v in obj.items() if k not in _OBJECT_KEYS}
             return errors + [e.removeprefix("spec.") for e in self.validate_spec(kind, body)]
@@ -118,7 +129,8 @@ def _spec_schema(crds: CrdSet, kind: str, directory: str) -> dict[str, Any]:
     path = Path(directory) / f"{crds.group}_{plural}.yaml"
     if not path.is_file():
         raise CrdsMissingError(
-            f"CRD for {kind} not found at {path}; set {crds.env_var} to a folder holding "
+            f"CRD for {kind} not found at {path}; run `raytpu crds fetch` (the "
+            f"{crds.pin.title} CRDs at {crds.pin.ref}) or set {crds.env_var} to a folder holding "
             f"{crds.group}_{plural}.yaml (e.g. from `kubectl get crd {plural}.{crds.group} -o yaml`)"
         )
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader is 10x faster on 1 MB
@@ -204,8 +216,7 @@ def _unknown_fields(value: Any, schema: Any, path: str) -> list[str]:
 KUBERAY = CrdSet(
     api_version="ray.io/v1",
     kinds={"RayCluster": "rayclusters", "RayJob": "rayjobs", "RayService": "rayservices"},
-    env_var="RAYTPU_KUBERAY_CRDS",
-    default_dir=SHARED / "kuberay" / "crds",
+    pin=pin("kuberay"),
 )
 """KubeRay's RayCluster, RayJob and RayService."""
 

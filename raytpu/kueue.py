@@ -14,14 +14,15 @@ Kueue admits a workload when its ClusterQueue has quota for it. Glossary (Kueue'
   label; it orders the queue and decides preemption, without touching pod priority.
 
 The CRDs (Kueue v0.19.2, ``v1beta2``, the storage version) are read from ``$RAYTPU_KUEUE_CRDS``
-or, by default, ``../shared/kueue/crds`` beside the repository, as :mod:`raytpu.crds` does for
-KubeRay's.
+or ``.crds/kueue`` (``raytpu crds fetch``, at the pin of :mod:`raytpu.crd_pins`), as
+:mod:`raytpu.crds` does for KubeRay's.
 """
 
 from __future__ import annotations
 
 from raytpu.catalog import SliceShape
-from raytpu.crds import SHARED, CrdSet
+from raytpu.crd_pins import pin
+from raytpu.crds import CrdSet
 
 KUEUE_VERSION = "0.19.2"
 """The Kueue release the program installs (never ``latest``)."""
@@ -41,9 +42,7 @@ KUEUE = CrdSet(
         "Cohort": "cohorts",
         "WorkloadPriorityClass": "workloadpriorityclasses",
     },
-    env_var="RAYTPU_KUEUE_CRDS",
-    default_dir=SHARED / "kueue" / "crds",
-    report_unknown=True,
+    pin=pin("kueue"),
     body_kinds=frozenset({"WorkloadPriorityClass"}),
 )
 

@@ -3,8 +3,9 @@
 Reads multi-document Kubernetes YAML (RayCluster, RayService, RayJob, Service, Ingress, ...),
 `pulumi stack export` JSON (deployment.resources[].inputs) and `pulumi preview --json` output
 (steps[].newState.inputs), runs the same rules `pulumi preview --policy-pack policies` runs, and
-validates KubeRay objects against the KubeRay CRDs (see raytpu.crds). Each violation names the
-file, the object and the field.
+checks every object against its schema (raytpu_cli.schema_check: the KubeRay, Kueue and GMP
+CRDs when fetched, Kubernetes' OpenAPI schemas for core objects). Each violation names the file,
+the object and the field.
 
 Exit codes: 0 clean, 1 a mandatory violation, 2 unreadable input or bad policy config.
 
@@ -19,14 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from raytpu import k8s_schemas
+from raytpu_cli import schema_check
 from raytpu_cli.check_inputs import InputError, read_resources
-
-CRD_POLICY = "kuberay-crd-schema"
-KUEUE_CRD_POLICY = "kueue-crd-schema"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,20 +37,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="policy config JSON, as for `pulumi preview --policy-pack-config`",
     )
+    parser.add_argument(
+        "--kubernetes-version",
+        default=schema_check.DEFAULT_KUBERNETES_MINOR,
+        metavar="MINOR",
+        help="Kubernetes minor whose schemas core objects are checked against "
+        f"(default: {schema_check.DEFAULT_KUBERNETES_MINOR}, GKE's REGULAR channel)",
+    )
 
 
 def not_checked(resources: list[Any]) -> dict[str, list[str]]:
-    """Resource types no policy and no CRD schema reads: type -> names (reported, not failed)."""
+    """Resource types no policy and no schema reads: type -> names (reported, not failed)."""
     from policies.pack import POLICIES
-    from policies.resources import RESOURCE_POLICY, ray_kind
+    from policies.resources import RESOURCE_POLICY
     from raytpu.gke_iap import BACKEND_CONFIG_API
 
     def checked(type_: str) -> bool:
         return (
             type_ == RESOURCE_POLICY  # read by the stack-wide slice rules
             or type_ == f"kubernetes:{BACKEND_CONFIG_API}:BackendConfig"  # ... and the IAP rule
-            or ray_kind(type_) is not None
-            or _kueue_kind(type_) is not None
+            or any(row.matches(type_) for row in schema_check.CHECKS)
             or any(spec.kind != "stack" and spec.applies_to(type_) for spec in POLICIES)
         )
 
@@ -62,51 +67,6 @@ def not_checked(resources: list[Any]) -> dict[str, list[str]]:
     return found
 
 
-def _kueue_kind(type_: str) -> str | None:
-    """The Kueue kind of a ``kubernetes:kueue.x-k8s.io/<version>:<Kind>`` type we validate."""
-    from raytpu import kueue
-
-    if not type_.startswith(f"kubernetes:{kueue.KUEUE.group}/"):
-        return None
-    kind = type_.rsplit(":", 1)[-1]
-    return kind if kind in kueue.KUEUE.kinds else None
-
-
-def crd_violations(resources: list[Any]) -> list[Any]:
-    """KubeRay and Kueue objects the API server would reject (schema errors from the CRDs)."""
-    from policies.pack import Violation
-    from policies.props import plain
-    from policies.resources import ray_kind
-    from raytpu import crds, kueue
-
-    violations = []
-    for resource in resources:
-        if ray_kind(resource.type) is not None:
-            policy, validate = CRD_POLICY, crds.validate_object
-        elif _kueue_kind(resource.type) is not None:
-            policy, validate = KUEUE_CRD_POLICY, kueue.validate_object
-        else:
-            continue
-        props = plain(resource.props)
-        if _has_unknown(props):
-            continue  # a preview's unknown values cannot be schema-checked yet
-        for error in validate(dict(props)):
-            violations.append(Violation(policy, "mandatory", error, resource))
-    return violations
-
-
-def _has_unknown(value: Any) -> bool:
-    from policies.props import is_unknown
-
-    if is_unknown(value):
-        return True
-    if isinstance(value, Mapping):
-        return any(_has_unknown(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_unknown(v) for v in value)
-    return False
-
-
 def run(args: argparse.Namespace) -> int:
     from policies import report
     from policies.pack import PolicyConfigError, evaluate
@@ -114,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = report.load_policy_config(args.policy_config)
-    except PolicyConfigError as error:
+        k8s_schemas.supported_minor(args.kubernetes_version)
+    except (PolicyConfigError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return report.EXIT_INPUT
     errors: list[str] = []
@@ -127,10 +88,13 @@ def run(args: argparse.Namespace) -> int:
         path = Path(name)
         try:
             resources = read_resources(path)
-            violations = evaluate(resources, config) + crd_violations(resources)
+            schemas = schema_check.check(resources, args.kubernetes_version)
+            violations = evaluate(resources, config) + schemas.violations
         except (InputError, CrdsMissingError) as error:
             errors.append(str(error))
             continue
+        if schemas.skipped_line() and schemas.skipped_line() not in notes:
+            notes.append(schemas.skipped_line())
         skipped = not_checked(resources)
         files.append({"file": str(path), "resources": len(resources), "notChecked": skipped})
         for type_, names in skipped.items():

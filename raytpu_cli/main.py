@@ -25,6 +25,7 @@ LOG_DIR_ENV = "RAYTPU_LOG_DIR"
 COMMANDS: dict[str, tuple[str, str]] = {
     "catalog": ("raytpu_cli.catalog", "print TPU slice shapes (the one catalog)"),
     "check": ("raytpu_cli.check", "check manifests / Pulumi stack files against the policy pack"),
+    "crds": ("raytpu_cli.crds", "fetch the pinned CRDs the schema checks read, or show them"),
     "preview": ("raytpu_cli.preview", "run a stack offline under mocks and apply the policy pack"),
     "submit": ("raytpu_cli.submit", "submit train/serve/any job to a stack's Ray cluster"),
     "quota": ("raytpu_cli.quota", "TPU quotas per team and shape, against the node pools"),

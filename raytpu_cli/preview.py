@@ -1,5 +1,7 @@
 """Preview a stack offline: run the Pulumi program for Pulumi.STACK.yaml under mocks, list what it
-declares, and apply the ray-tpu policy pack to exactly the properties the engine would see.
+declares, apply the ray-tpu policy pack to exactly the properties the engine would see, and check
+every object against its schema (raytpu_cli.schema_check; CRD sets not fetched are skipped and
+named in one line).
 
 No cloud credentials, no Pulumi CLI. Prints a table of the declared resources (shape, hosts,
 machine type, node pool, Ray worker group), then every policy violation.
@@ -131,12 +133,17 @@ def describe(resources: Sequence[Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _declare(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
+def _declare(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any], str]:
+    """The declared resources, the stack outputs, and the Kubernetes minor the stack runs."""
     from infra import offline
+    from raytpu import k8s_schemas
     from raytpu_cli.common import load_stack_config
 
     config = load_stack_config(args, folder=args.project_dir)
-    return offline.run_program(config, stack=args.stack)
+    resources, outputs = offline.run_program(config, stack=args.stack)
+    cluster = config.cluster
+    minor = k8s_schemas.kubernetes_minor(cluster.release_channel, cluster.min_master_version)
+    return resources, outputs, minor
 
 
 def run(args: argparse.Namespace) -> int:
@@ -145,11 +152,12 @@ def run(args: argparse.Namespace) -> int:
     from policies.pack import PolicyConfigError, evaluate
     from raytpu import catalog
     from raytpu.table import format_table
+    from raytpu_cli import schema_check
     from raytpu_cli.common import UsageError
 
     try:
         config = report.load_policy_config(args.policy_config)
-        resources, outputs = _declare(args)
+        resources, outputs, minor = _declare(args)
     except (ConfigError, catalog.CatalogError, PolicyConfigError, UsageError) as error:
         if args.json:
             print(
@@ -158,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"error: {error}", file=sys.stderr)
         return report.EXIT_INPUT
-    violations = evaluate(resources, config)
+    schemas = schema_check.check(resources, minor)
+    violations = evaluate(resources, config) + schemas.violations
     rows = describe(resources)
     code = report.exit_code(violations)
     if args.json:
@@ -167,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
             "resources": rows,
             "outputs": sorted(outputs),
             "violations": [report.record(v) for v in violations],
+            "schemaChecksSkipped": [s.pin.name for s in schemas.skipped],
             "exitCode": code,
         }
         print(json.dumps(result, indent=2))
@@ -176,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     for violation in violations:
         print(report.format_violation(violation))
+    if schemas.skipped_line():
+        print(schemas.skipped_line())
     print(
         f"stack {args.stack}: {len(resources)} resource(s) declared, {report.summary(violations)}"
     )

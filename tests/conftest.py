@@ -18,6 +18,10 @@ subprocesses, which all inherit it) see it. A value already set in the environme
   waits for that poll; the tests' short runs spent most of those seconds waiting.
 - ``RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S=0.5``: how often Ray Train's preemption watcher reads
   Ray's draining nodes (5 s by default); the tests' preemption notices give 12 s.
+- ``RAYTPU_<SET>_CRDS``: the CRD sets of :mod:`raytpu.crd_pins`. Where a set is neither fetched
+  (``.crds/<set>``) nor named by the environment (CI fetches them at their pins), the development
+  copy beside the repository (``../shared/<set>/crds``) when there is one. The code path is the
+  one users run; only the folder differs.
 
 And the order of the modules (:func:`pytest_collection_modifyitems`): the longest first, so that
 ``make test``'s two xdist workers (``--dist loadfile --no-loadscope-reorder``) end together.
@@ -31,6 +35,8 @@ import tempfile
 
 import pytest
 
+from raytpu.crd_pins import LOCAL_HOME, PINS, REPO
+
 _SET: dict[str, str] = {}
 """The variables this session set (to undo at the end)."""
 
@@ -43,6 +49,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
         "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",
     }
+    for row in PINS:
+        development_copy = REPO.parent / "shared" / row.name / "crds"
+        if not (LOCAL_HOME / row.name).is_dir() and development_copy.is_dir():
+            wanted[row.env_var] = str(development_copy)
     for name, value in wanted.items():
         if name in os.environ:
             continue

@@ -78,12 +78,23 @@ def test_workflow_parses_and_has_jobs(name: str) -> None:
     assert _triggers(workflow), name
 
 
+def test_ci_has_a_clean_clone_job_that_previews_every_stack_without_then_with_crds() -> None:
+    job = _load("ci")["jobs"]["clean-clone"]
+    runs = [step.get("run", "") for step in job["steps"]]
+    fetch = next(i for i, run in enumerate(runs) if "raytpu crds fetch" in run)
+    previews = [i for i, run in enumerate(runs) if "raytpu preview" in run]
+    assert previews and min(previews) < fetch < max(previews)
+    assert not any("shared" in run or "_CRDS" in run for run in runs)
+    for stack in ("dev prod", "teams --project-dir tests/data"):
+        assert all(stack.split()[-1] in runs[i] for i in previews)
+
+
 def test_ci_runs_make_test_with_python_311() -> None:
     workflow = _load("ci")
     steps = [step for _, _, step in _steps(workflow)]
     assert any(step.get("run", "").strip() == "make test" for step in steps)
     pythons = [s["with"]["python-version"] for s in steps if _action(s) == "actions/setup-python"]
-    assert pythons == ["3.11"]
+    assert pythons and set(pythons) == {"3.11"}
 
 
 # (event, branch or None) -> how often the tests (ci.yml) run for it: exactly once each.

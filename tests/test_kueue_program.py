@@ -198,6 +198,4 @@ def test_kueue_crd_check_refuses_bad_objects(stack: StackConfig, break_it, messa
 
     manifest = kueue_spec.cluster_queue(stack, stack.teams[0])
     break_it(manifest)
-    with pytest.raises(kueue_spec.KueueSpecError, match="ClusterQueue research"):
-        kueue_spec.checked(manifest)
     assert any(message in p for p in kueue.validate_object(manifest))

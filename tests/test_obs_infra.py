@@ -88,6 +88,4 @@ def test_gmp_validation_refuses_bad_objects(
 ) -> None:
     manifest = monitoring.pod_monitoring("ray")
     break_it(manifest)
-    with pytest.raises(monitoring.MonitoringSpecError, match="PodMonitoring ray-metrics"):
-        monitoring.checked(manifest)
     assert any(message in p for p in gmp_crds.validate_object(manifest))

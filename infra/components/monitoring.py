@@ -10,8 +10,9 @@
 - **Dashboards**: the slices, training and serving dashboards of :mod:`infra.manifests.dashboards` as
   Cloud Monitoring dashboards whose charts query the same series with PromQL.
 
-Every GMP object is validated against the GMP CRDs (:mod:`raytpu.gmp_crds`) before it is
-declared.
+Every GMP object is checked against the GMP CRDs (:mod:`raytpu.gmp_crds`) by the offline checks
+(``raytpu preview``, ``raytpu check``, the tests), never while declaring: ``pulumi up`` needs no
+CRD file.
 """
 
 from __future__ import annotations
@@ -31,10 +32,6 @@ from raytpu import gmp_crds
 from raytpu.ray_names import K8S_LABEL_IS_RAY_NODE, METRICS_PORT
 
 SCRAPE_INTERVAL = "30s"
-
-
-class MonitoringSpecError(ValueError):
-    """A monitoring object the GMP CRDs would refuse."""
 
 
 @dataclass(frozen=True)
@@ -71,15 +68,6 @@ def alert_rules(namespace: str) -> dict[str, Any]:
     }
 
 
-def checked(manifest: dict[str, Any]) -> dict[str, Any]:
-    problems = gmp_crds.validate_object(manifest)
-    if problems:
-        raise MonitoringSpecError(
-            f"{manifest['kind']} {manifest['metadata']['name']}: " + "; ".join(problems)
-        )
-    return manifest
-
-
 class Monitoring(pulumi.ComponentResource):
     """Outputs: ``podMonitorings``, ``rules`` (namespace/name) and ``dashboards`` (ids)."""
 
@@ -95,12 +83,12 @@ class Monitoring(pulumi.ComponentResource):
         for namespace in args.namespaces:
             self.pod_monitorings.append(
                 custom_resource.declare(
-                    f"{name}-scrape-{namespace}", checked(pod_monitoring(namespace)), k8s_opts
+                    f"{name}-scrape-{namespace}", pod_monitoring(namespace), k8s_opts
                 )
             )
             self.rules.append(
                 custom_resource.declare(
-                    f"{name}-alerts-{namespace}", checked(alert_rules(namespace)), k8s_opts
+                    f"{name}-alerts-{namespace}", alert_rules(namespace), k8s_opts
                 )
             )
         self.dashboards = [

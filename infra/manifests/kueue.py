@@ -14,7 +14,8 @@ From ``ray-tpu:teams`` and ``ray-tpu:priorityClasses`` (:mod:`infra.config.teams
 - the ``kueue.x-k8s.io/queue-name`` and ``kueue.x-k8s.io/priority-class`` labels of every Ray
   object of a team (:func:`workload_labels`).
 
-Every object is checked against Kueue's CRDs (:mod:`raytpu.kueue`) by :func:`checked`.
+Every object is checked against Kueue's CRDs (:mod:`raytpu.kueue`) by the offline checks, never while
+declaring.
 """
 
 from __future__ import annotations
@@ -34,20 +35,6 @@ UNGOVERNED = (("cpu", "100k"), ("memory", "1Pi"))
 """CPU and memory quotas far above any cluster: Kueue must list them, we do not govern them."""
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 Manifest = dict[str, Any]
-
-
-class KueueSpecError(ValueError):
-    """A Kueue object the Kueue CRDs would refuse."""
-
-
-def checked(manifest: Manifest) -> Manifest:
-    """``manifest``, after checking it against the Kueue CRDs (KueueSpecError naming the field)."""
-    problems = kueue.validate_object(manifest)
-    if problems:
-        raise KueueSpecError(
-            f"{manifest['kind']} {manifest['metadata']['name']}: " + "; ".join(problems)
-        )
-    return manifest
 
 
 def _object(kind: str, name: str, namespace: str | None = None, **body: Any) -> Manifest:
@@ -180,13 +167,14 @@ def workload_labels(stack: StackConfig, obj: RayClusterConfig) -> dict[str, str]
 
 
 def manifests(stack: StackConfig) -> list[Manifest]:
-    """Every Kueue object the stack declares (none without teams), each checked."""
+    """Every Kueue object the stack declares (none without teams); the offline checks validate
+    them against the Kueue CRDs (``raytpu preview``, ``raytpu check``)."""
     if not stack.teams:
         return []
     found = [*resource_flavors(stack), *priority_classes(stack)]
     for team in stack.teams:
         found += [cluster_queue(stack, team), *local_queues(stack, team)]
-    return [checked(m) for m in found]
+    return found
 
 
 @dataclass(frozen=True)
