@@ -17,7 +17,7 @@ SKIPPED = "schema checks skipped:"
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``git archive HEAD`` unpacked alone in a fresh folder."""
+    """``git archive HEAD`` unpacked alone in a fresh folder, committed as a user's clone."""
     root = tmp_path_factory.mktemp("user")
     archive = root / "head.tar"
     subprocess.run(
@@ -30,6 +30,10 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with tarfile.open(archive) as tar:
         tar.extractall(target, filter="data")
     archive.unlink()
+    # A clone is a git checkout: the worker image tag defaults to its commit (infra.config).
+    git = ["git", "-c", "user.name=user", "-c", "user.email=user@example.com"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "clone"]):
+        subprocess.run([*git, *command], cwd=target, check=True, timeout=60)
     assert not (target.parent / "shared").exists() and not (target / ".crds").exists()
     return target
 
@@ -86,3 +90,29 @@ def test_preview_and_policy_pack_pass_with_the_skipped_checks_named_once(
     for title in skipped:
         assert title in lines[0]
     assert "no policy violations" in result.stdout
+
+
+ENTRYPOINT = """
+import sys, yaml
+from infra.offline import run_entrypoint
+raw = yaml.safe_load(open(f"Pulumi.{sys.argv[1]}.yaml"))["config"]
+run = run_entrypoint(raw, stack=sys.argv[1])
+if run.error is not None:
+    raise run.error
+print(len(run.resources), "resources")
+"""
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_pulumi_entrypoint_declares_without_crds(clone: Path, stack: str) -> None:
+    """What ``pulumi preview`` / ``pulumi up`` run (``__main__.py``), under mocks, in the clone."""
+    result = subprocess.run(
+        [sys.executable, "-c", ENTRYPOINT, stack],
+        cwd=clone,
+        env=_env(clone),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert int(result.stdout.split()[0]) > 20
