@@ -60,9 +60,20 @@ CHECK_CASES = [
     (
         "other-kind-not-checked",
         "k8s.yaml",
-        yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}}),
+        yaml.safe_dump(
+            {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+        ),
         0,
-        "not checked (no policy reads kubernetes:core/v1:ConfigMap): cm",
+        "not checked (no policy reads kubernetes:example.com/v1:Widget): w",
+    ),
+    (
+        "core-kind-schema-checked",
+        "k8s.yaml",
+        yaml.safe_dump(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}, "date": {}}
+        ),
+        1,
+        "ConfigMap/cm: (object): Additional properties are not allowed ('date' was unexpected)",
     ),
     (
         "metadata-is-a-string",

@@ -24,13 +24,15 @@ from raytpu_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 TEAMS_STACK = REPO / "tests" / "data" / "Pulumi.teams.yaml"
+IAP_STACK = REPO / "tests" / "data" / "Pulumi.iap.yaml"
 CI = REPO / ".github" / "workflows" / "ci.yml"
 
 
 @functools.cache
 def _declared(stack: str) -> tuple[DeclaredResource, ...]:
-    if stack == "teams":
-        return tuple(run_program(load_stack_file(TEAMS_STACK), stack="teams")[0])
+    if stack in ("teams", "iap"):
+        path = TEAMS_STACK if stack == "teams" else IAP_STACK
+        return tuple(run_program(load_stack_file(path), stack=stack)[0])
     return tuple(run_stack(stack)[0])
 
 
@@ -45,14 +47,27 @@ def crds_present() -> None:
         pytest.skip(f"CRDs absent, schema checks NOT run: {missing}")
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod", "teams"])
-def test_every_declared_object_passes_its_schema(stack: str, crds_present: None) -> None:
+RBAC = {"Namespace", "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "Secret"}
+
+
+@pytest.mark.parametrize(
+    ("stack", "core_kinds"),
+    [
+        ("dev", RBAC),
+        ("prod", RBAC),
+        ("teams", RBAC - {"Secret"}),
+        ("iap", RBAC | {"Deployment", "Service", "Ingress", "ConfigMap"}),
+    ],
+    ids=["dev", "prod", "teams", "iap"],
+)
+def test_every_declared_object_passes_its_schema(
+    stack: str, core_kinds: set[str], crds_present: None
+) -> None:
     report = schema_check.check(_declared(stack))
     assert report.skipped == ()
     assert [v.message for v in report.violations] == []
     core = _objects(stack, k8s_schemas.is_core)
-    kinds = {r.type.rsplit(":", 1)[-1] for r in core}
-    assert {"Namespace", "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy"} <= kinds
+    assert core_kinds <= {r.type.rsplit(":", 1)[-1] for r in core}
 
 
 def _mutated(resource: DeclaredResource, change: Callable[[dict[str, Any]], object]):
