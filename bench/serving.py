@@ -56,12 +56,13 @@ def write_checkpoint(directory: str, seed: int = 0) -> None:
 
     from workloads.model import byte_lm as m
     from workloads.model.checkpoint import open_checkpoints, save_state
+    from workloads.model.family import ByteLM
 
     cfg = m.ModelConfig()
     state = m.init_state(cfg, jax.random.PRNGKey(seed))
     manager = open_checkpoints(directory)
     try:
-        save_state(manager, 1, state, cfg)
+        save_state(manager, 1, state, ByteLM(cfg))
         manager.wait_until_finished()
     finally:
         manager.close()
@@ -94,7 +95,8 @@ class InProcessModel:
     def __init__(self, checkpoint_dir: str, max_new_tokens: int) -> None:
         from workloads.model.checkpoint import restore_params
 
-        self.params, self.cfg, _ = restore_params(checkpoint_dir)
+        self.params, family, _ = restore_params(checkpoint_dir)
+        self.cfg = family.config
         self.max_new_tokens = max_new_tokens
         self._calls = 0
 

@@ -51,12 +51,13 @@ def checkpoint(tmp_path_factory):
 
     from workloads.model import byte_lm as m
     from workloads.model.checkpoint import open_checkpoints, save_state
+    from workloads.model.family import ByteLM
 
     directory = str(tmp_path_factory.mktemp("llm") / "ck")
     cfg = m.ModelConfig()
     manager = open_checkpoints(directory)
     try:
-        save_state(manager, 1, m.init_state(cfg, jax.random.PRNGKey(0)), cfg)
+        save_state(manager, 1, m.init_state(cfg, jax.random.PRNGKey(0)), ByteLM(cfg))
         manager.wait_until_finished()
     finally:
         manager.close()

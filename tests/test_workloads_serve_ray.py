@@ -33,13 +33,14 @@ def checkpoint(tmp_path_factory):
 
     from workloads.model import byte_lm as m
     from workloads.model.checkpoint import open_checkpoints, save_state
+    from workloads.model.family import ByteLM
     from workloads.training.driver import TrainConfig
 
     directory = tmp_path_factory.mktemp("serve") / "ck"
     cfg = m.ModelConfig.from_dict(TrainConfig(checkpoint_dir=str(directory)).model)
     manager = open_checkpoints(str(directory))
     try:
-        save_state(manager, 1, m.init_state(cfg, jax.random.PRNGKey(0)), cfg)
+        save_state(manager, 1, m.init_state(cfg, jax.random.PRNGKey(0)), ByteLM(cfg))
         manager.wait_until_finished()
     finally:
         manager.close()

@@ -234,16 +234,10 @@ def params_digest(params: Any) -> str:
     """SHA-256 over every parameter's global value, whatever the mesh: a replicated array's first
     shard, a sharded one gathered (over every process when it spans hosts: a collective, so every
     process calls this). The same parameters give the same digest on any mesh."""
-    from jax.experimental import multihost_utils
+    from workloads.model.sharding import host_value
 
     digest = hashlib.sha256()
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        data = leaf
-        if isinstance(leaf, jax.Array):
-            if leaf.sharding.is_fully_replicated:
-                data = leaf.addressable_data(0)
-            elif not leaf.is_fully_addressable:
-                data = multihost_utils.process_allgather(leaf, tiled=True)
         digest.update(jax.tree_util.keystr(path).encode())
-        digest.update(np.asarray(data).tobytes())
+        digest.update(np.asarray(host_value(leaf)).tobytes())
     return digest.hexdigest()

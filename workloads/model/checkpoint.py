@@ -2,7 +2,8 @@
 
 Glossary: a **checkpoint directory** is one Orbax ``CheckpointManager`` root (a local path, or
 ``gs://BUCKET/run`` on GKE) holding one numbered folder per saved **step**, each with the
-``params``, the ``opt_state`` and a small JSON ``meta`` (the step and the model config). Every
+``params``, the ``opt_state`` and a small JSON ``meta`` (the step and the model family:
+:meth:`workloads.model.family.ModelFamily.to_dict`). Every
 training process writes its own shards of a step; serving restores only ``params``.
 
 jax and orbax are imported inside the functions: the driver imports this module without them.
@@ -33,7 +34,9 @@ def orbax_path(directory: str) -> Any:
     return Path(directory).absolute()
 
 
-def save_state(manager: Any, step: int, state: Any, cfg: Any) -> None:
+def save_state(manager: Any, step: int, state: Any, family: Any) -> None:
+    """Save ``state`` at ``step``; the meta records the model family
+    (:meth:`workloads.model.family.ModelFamily.to_dict`), which serving restores it with."""
     import orbax.checkpoint as ocp
 
     manager.save(
@@ -41,7 +44,7 @@ def save_state(manager: Any, step: int, state: Any, cfg: Any) -> None:
         args=ocp.args.Composite(
             params=ocp.args.StandardSave(state.params),
             opt_state=ocp.args.StandardSave(state.opt_state),
-            meta=ocp.args.JsonSave({"step": step, "model": cfg.to_dict()}),
+            meta=ocp.args.JsonSave({"step": step, **family.to_dict()}),
         ),
     )
 
@@ -71,7 +74,8 @@ def restore_state(manager: Any, step: int, like: Any) -> Any:
 def restore_params(
     directory: str, step: int | None = None, sharding: Any = None
 ) -> tuple[Any, Any, int]:
-    """(params, ModelConfig, step) from a checkpoint dir (local or ``gs://``).
+    """(params, model family, step) from a checkpoint dir (local or ``gs://``); the family
+    (:func:`workloads.model.family.family_for` of the checkpoint's meta) carries the config.
 
     ``sharding``: where every parameter goes (e.g. replicated over a Serve replica's mesh,
     :func:`workloads.model.byte_lm.replicated`); default: this process's first device. Used by Serve
@@ -80,7 +84,7 @@ def restore_params(
     import jax
     import orbax.checkpoint as ocp
 
-    from workloads.model import byte_lm as m
+    from workloads.model.family import family_for
 
     manager = ocp.CheckpointManager(orbax_path(directory))
     try:
@@ -88,15 +92,15 @@ def restore_params(
         if chosen is None:
             raise FileNotFoundError(f"checkpoint_dir: {directory!r} has no checkpoint")
         meta = manager.restore(chosen, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-        cfg = m.ModelConfig.from_dict(meta["model"])
+        family = family_for(meta)
         device = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        shapes = jax.eval_shape(lambda: m.init_state(cfg, jax.random.PRNGKey(0)).params)
+        shapes = jax.eval_shape(lambda: family.init(jax.random.PRNGKey(0)).params)
         target = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes
         )
         restored = manager.restore(
             chosen, args=ocp.args.Composite(params=ocp.args.StandardRestore(target))
         )
-        return restored.params, cfg, int(chosen)
+        return restored.params, family, int(chosen)
     finally:
         manager.close()

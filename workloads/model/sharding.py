@@ -90,6 +90,21 @@ def slice_of_devices(mesh: Mesh) -> list[set[int]]:
     return [{d.process_index for d in mesh.devices[i].flat} for i in range(mesh.devices.shape[0])]
 
 
+def host_value(leaf: Any) -> Any:
+    """A leaf's global value on this host: a replicated array's first shard, a sharded one
+    gathered (over every process when it spans hosts: a collective, so every process calls
+    this); anything else as it is."""
+    from jax.experimental import multihost_utils
+
+    if not isinstance(leaf, jax.Array):
+        return leaf
+    if leaf.sharding.is_fully_replicated:
+        return leaf.addressable_data(0)
+    if not leaf.is_fully_addressable:
+        return multihost_utils.process_allgather(leaf, tiled=True)
+    return leaf
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(("data", "fsdp")))
 

@@ -108,14 +108,15 @@ class Job:
 @serve.deployment(max_ongoing_requests=MAX_QUEUE + 16, health_check_timeout_s=30)
 class TextGenerator:
     """One replica: the latest checkpoint replicated on every chip of its host; adaptive batches
-    through the prefix cache and the KV-cached decode loop, rows split over those chips."""
+    through the prefix cache and the KV-cached decode loop, rows split over those chips (the
+    byte LM), or through the family's decode step (a preset checkpoint:
+    :mod:`workloads.serving.replica_model`)."""
 
     def __init__(self, checkpoint_dir: str, options: ServeOptions | None = None) -> None:
         # jax is imported in the replica, never in the driver.
         from workloads.model import byte_lm as model
-        from workloads.model.checkpoint import restore_params
-        from workloads.serving.engine.engine import Engine, Timing
-        from workloads.serving.engine.prefix_cache import PrefixCache, directory
+        from workloads.serving.engine.engine import Timing
+        from workloads.serving.replica_model import load_replica_model
 
         self._options = options = options or ServeOptions()
         self._mesh = model.local_mesh()
@@ -123,21 +124,12 @@ class TextGenerator:
         every = batch_buckets(self._mesh.size)
         largest = next((b for b in every if b >= options.max_batch_size), every[-1])
         self._buckets = tuple(b for b in every if b <= largest)
-        params, self._cfg, self._step = restore_params(
-            checkpoint_dir, sharding=model.replicated(self._mesh)
-        )
-        prefix = None
-        if options.prefix_cache:
-            prefix = PrefixCache(
-                self._cfg,
-                f"{model.params_digest(params)}:{self._cfg}",
-                device_blocks=options.device_blocks,
-                host_blocks=options.host_blocks,
-                shared=directory() if options.shared_prefix else None,
-                on_counts=telemetry.of(self).prefix,
-            )
-        self._engine = Engine(params, self._cfg, self._mesh, self._buckets, prefix, MAX_NEW_TOKENS)
-        self._engine.warm_up(options.precompile)  # compile now, not on a request
+        loaded = load_replica_model(
+            checkpoint_dir, self._mesh, self._buckets, options, telemetry.of(self).prefix,
+            MAX_NEW_TOKENS,
+        )  # fmt: skip
+        self._family, self._step, self._cfg = loaded.family, loaded.step, loaded.family.config
+        self._engine, self._sampler = loaded.engine, loaded.sampler
         self._batcher: AdaptiveBatcher[Job, tuple[Any, dict[str, Any]]] = AdaptiveBatcher(
             self._run_batch,
             max_batch=options.max_batch_size,
@@ -160,6 +152,8 @@ class TextGenerator:
         from workloads.serving.engine.engine import Row, Timing
 
         self._calls += 1
+        if self._sampler is not None:
+            return self._sample(jobs)
         rows = [
             Row(j.request.prompt, j.request.max_new_tokens, j.request.temperature) for j in jobs
         ]
@@ -172,6 +166,15 @@ class TextGenerator:
                 if tokens and job.sink is not None:
                     job.sink(tokens)
         return [""] * len(jobs)
+
+    def _sample(self, jobs: list[Job]) -> list[str]:
+        """A preset's completions; a streamed job gets its text's UTF-8 bytes in one chunk."""
+        rows = [(j.request.prompt, j.request.max_new_tokens, j.request.temperature) for j in jobs]
+        texts = [self._sampler.complete(*row, seed=self._calls) for row in rows]
+        for job, text in zip(jobs, texts, strict=True):
+            if job.sink is not None:
+                job.sink(list(text.encode("utf-8")))
+        return ["" if j.sink else text for j, text in zip(jobs, texts, strict=True)]
 
     async def _run_batch(self, jobs: list[Job]) -> list[tuple[Any, dict]]:
         began = time.monotonic()
@@ -210,6 +213,9 @@ class TextGenerator:
 
         from workloads.serving.engine import decode
 
+        if self._engine is None:  # a preset: no KV cache, no prefix cache
+            extra = {"buckets": list(self._buckets), "batches": list(self._batcher.batches)}
+            return {**self._sampler.describe(), **extra, "prefix": None}
         rows, cfg = self._buckets[0], self._cfg
         kv = decode.new_cache(cfg, rows, self._mesh)
         ids = [decode.prompt_ids(cfg, " ", 1)] * rows
@@ -232,6 +238,7 @@ class TextGenerator:
             "batches": list(self._batcher.batches),
             "prefix": prefix.counts.to_dict() if prefix else None,
             "context_len": cfg.context_len,
+            "family": self._family.name,
         }
 
     def drain(self, draining: bool) -> bool:

@@ -1,0 +1,76 @@
+"""What a Serve replica decodes with: the checkpoint's model family, and for it the byte LM's
+KV-cached engine (:mod:`workloads.serving.engine`, prefix cache included) or a preset's
+:class:`workloads.model.family.Sampler` (the family's decode step, no KV cache).
+
+jax is imported inside: the driver imports :mod:`workloads.serving.app` without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, eq=False)
+class ReplicaModel:
+    """A replica's restored checkpoint: exactly one of ``engine`` and ``sampler`` is set."""
+
+    family: Any
+    step: int
+    engine: Any = None
+    sampler: Any = None
+
+
+def load_replica_model(
+    checkpoint_dir: str,
+    mesh: Any,
+    buckets: tuple[int, ...],
+    options: Any,
+    on_prefix: Callable[..., None],
+    max_new_tokens: int,
+) -> ReplicaModel:
+    """The latest checkpoint's parameters replicated over ``mesh`` and what decodes them;
+    ``options`` (:class:`workloads.serving.app.ServeOptions`) says how the byte LM's prefix
+    cache is sized and whether every bucket is compiled now."""
+    from workloads.model import byte_lm as model
+    from workloads.model.checkpoint import restore_params
+    from workloads.model.family import ByteLM, Sampler
+
+    params, family, step = restore_params(checkpoint_dir, sharding=model.replicated(mesh))
+    if family.name != ByteLM.name:  # a preset: the family's decode step over its window
+        return ReplicaModel(family, step, sampler=Sampler(family, params, family.config.seq_len))
+    return ReplicaModel(
+        family,
+        step,
+        engine=_engine(params, family.config, mesh, buckets, options, on_prefix, max_new_tokens),
+    )
+
+
+def _engine(
+    params: Any,
+    cfg: Any,
+    mesh: Any,
+    buckets: tuple[int, ...],
+    options: Any,
+    on_prefix: Callable[..., None],
+    max_new_tokens: int,
+) -> Any:
+    """The byte LM's engine and prefix cache, compiled now, not on a request."""
+    from workloads.model import byte_lm as model
+    from workloads.serving.engine.engine import Engine
+    from workloads.serving.engine.prefix_cache import PrefixCache, directory
+
+    prefix = None
+    if options.prefix_cache:
+        prefix = PrefixCache(
+            cfg,
+            f"{model.params_digest(params)}:{cfg}",
+            device_blocks=options.device_blocks,
+            host_blocks=options.host_blocks,
+            shared=directory() if options.shared_prefix else None,
+            on_counts=on_prefix,
+        )
+    engine = Engine(params, cfg, mesh, buckets, prefix, max_new_tokens)
+    engine.warm_up(options.precompile)
+    return engine
