@@ -15,6 +15,10 @@ host's own working dir (fast tier). The faulty run, checked event by event:
 
 The clean run has the same spike (the same rollback, the same batch left out) and nothing else:
 both must end with the same parameters, bit for bit.
+
+And the ``tiny`` preset (FSDP over the slice's 8 chips) trained by the same worker loop:
+``kill-host@3:1`` and ``hang@6:1``, each recovered from the fast tier (the sharded state gathered
+on every host), the run finished.
 """
 
 from __future__ import annotations
@@ -126,6 +130,54 @@ def test_faulty_run_recovers_from_each_fault_in_order(runs):
     assert faulty.final_step == STEPS and faulty.latest_checkpoint == STEPS
     # The restarts cost wall time; slow steps still count as productive (they made progress).
     assert 0 < faulty.goodput <= 1 and faulty.wall_s > runs[0].wall_s
+
+
+PRESET_STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def preset_run(cluster, logs):
+    """The tiny preset: host 1 killed at step 3, host 1 hung at step 6 (fast tier every 2)."""
+    from raytpu.presets import MeshConfig, ScaleConfig
+    from workloads.training.driver import TrainConfig, run_training
+
+    goodput = GoodputConfig(
+        fast_every=2, hang_floor_s=HANG_FLOOR_S, startup_timeout_s=120.0, spike_k=100.0,
+        faults=("kill-host@3:1", "hang@6:1"), log_dir=str(logs / "preset"),
+    )  # fmt: skip
+    config = TrainConfig(
+        checkpoint_dir=f"gs://{BUCKET}/preset", steps=PRESET_STEPS, global_batch=16,
+        checkpoint_every=PRESET_STEPS, log_every=100, goodput=goodput,
+    )  # fmt: skip
+    scale = ScaleConfig("tiny", MeshConfig.fsdp_over(V6E_2X4_4T.chips))
+    return run_training(V6E_2X4_4T, config, scale=scale, name="preset")
+
+
+RECOVERIES = {
+    # family: (fixture, its events' index of the host loss and of the hang, the fast steps)
+    "byte-lm": ("runs", (0, 2), (5, 15)),
+    "preset": ("preset_run", (0, 1), (2, 6)),
+}
+
+
+@pytest.mark.parametrize("family", list(RECOVERIES), ids=list(RECOVERIES))
+def test_a_killed_host_and_a_hang_are_recovered_from_the_fast_tier(request, family):
+    """The same worker loop recovers either family: the lost host gets the fast tier from its
+    peer, the hang is caught by the watchdog; both attempts resume and the run finishes."""
+    fixture, (lost_at, hung_at), (after_loss, after_hang) = RECOVERIES[family]
+    value = request.getfixturevalue(fixture)
+    result = value[1] if family == "byte-lm" else value
+    loss, hang = result.events[lost_at], result.events[hung_at]
+    assert (loss.kind, hang.kind) == ("host_loss", "hang"), result.events
+    assert loss.action.endswith(f"resumed from the fast tier at step {after_loss}")
+    assert hang.action.endswith(f"resumed from the fast tier at step {after_hang}")
+    assert hang.host in HOSTS and loss.host in HOSTS
+    assert result.restores == (("none", 0), ("fast", after_loss), ("fast", after_hang))
+    assert result.attempts == 3 and result.final_step == result.latest_checkpoint
+    if family == "preset":
+        assert [(e.kind, e.step) for e in result.events] == [("host_loss", 3), ("hang", 6)]
+        assert result.final_step == PRESET_STEPS and result.scale["preset"] == "tiny"
+        assert result.scale["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
 
 
 def test_lost_host_resumes_from_the_fast_tier_of_its_peer(runs):

@@ -17,8 +17,10 @@ Orbax's ``orbax.checkpoint.experimental.emergency`` (0.12) is not used: its
 ``CheckpointManager`` keeps the local tier on the *non-primary slices* of a multi-slice run and
 the persistent one on the primary slice (one slice has nothing to replicate from), needs a
 replica-axis mesh, and is marked "experimental; do not use without specific approval". With
-replicated state a plain per-host file does the same job in ~60 lines; a sharded model would
-need Orbax's per-host shards and peer exchange instead.
+replicated state a plain per-host file does the same job in ~60 lines. A preset's sharded state
+is gathered whole onto every host first (:func:`workloads.model.sharding.host_value`): right for
+the small presets the simulation trains; a large one would need Orbax's per-host shards and peer
+exchange instead.
 
 :func:`choose_restore` is pure; the rest imports jax inside.
 """
@@ -75,13 +77,16 @@ def fast_steps(directory: Path) -> list[int]:
 
 
 def save_fast(directory: Path, step: int, state: Any, meta: dict[str, Any]) -> Path:
-    """This host's copy of ``state`` (replicated arrays) and ``meta`` at ``step``."""
+    """This host's copy of ``state`` and ``meta`` at ``step``: replicated arrays as they are,
+    sharded ones gathered whole (a collective: every host saves the same steps)."""
     import jax
     import numpy as np
 
+    from workloads.model.sharding import host_value
+
     directory.mkdir(parents=True, exist_ok=True)
     leaves = jax.tree.leaves((state.params, state.opt_state))
-    arrays = {f"a{i}": np.asarray(leaf.addressable_data(0)) for i, leaf in enumerate(leaves)}
+    arrays = {f"a{i}": np.asarray(host_value(leaf)) for i, leaf in enumerate(leaves)}
     target = directory / f"step_{step}.npz"
     partial = directory / f".step_{step}.npz.partial"
     with partial.open("wb") as out:
@@ -122,9 +127,15 @@ def restore_fast(directory: Path, plan: RestorePlan, like: Any, process_index: i
             meta_bytes, is_source=process_index == plan.source
         )
         meta = json.loads(bytes(np.asarray(meta_bytes)).decode().strip())
-    placed = [
-        jax.device_put(np.asarray(a), leaf.sharding) for a, leaf in zip(host, leaves, strict=True)
-    ]
+    placed = [_place(np.asarray(a), leaf.sharding) for a, leaf in zip(host, leaves, strict=True)]
     params, opt_state = jax.tree.unflatten(treedef, placed)
     step = jax.device_put(jnp.asarray(plan.step, jnp.int32), like.step.sharding)
     return like.replace(step=step, params=params, opt_state=opt_state), meta
+
+
+def _place(value: Any, sharding: Any) -> Any:
+    """The global ``value`` (on every host) as an array of ``sharding``: each host puts only
+    its own shards (a sharding may span hosts)."""
+    import jax
+
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])

@@ -1,4 +1,5 @@
-"""Data-parallel SPMD training of the byte-level LM on TPU slices through Ray Train's JaxTrainer.
+"""SPMD training on TPU slices through Ray Train's JaxTrainer: the byte-level LM (data parallel),
+or a preset on a hybrid mesh (``scale``), by one worker loop (:mod:`workloads.training.worker_loop`).
 
 Glossary (Ray's words):
 
@@ -29,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +157,43 @@ def _sigint_kept() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+@dataclass(frozen=True)
+class RunPlan:
+    """A run checked and sized on the driver, before anything is reserved: what every attempt
+    hands JaxTrainer."""
+
+    shape: SliceShape
+    run: TrainConfig
+    num_slices: int
+    tpu: int
+    """TPU chips per worker."""
+    num_workers: int
+    pin: bool
+    """Whether the workers also ask for the checked slice's own resource (see run_training)."""
+    scale_payload: dict[str, Any] | None
+    log_dir: Path
+    storage_path: str
+    filesystem: Any
+    name: str
+    reserve_timeout_s: float
+    start_timeout_s: float
+
+    def describe(self) -> str:
+        return f"{self.num_slices} x {self.shape.name}"
+
+
+@dataclass
+class Attempts:
+    """What the attempts of one run left: the last result, the waits, the event book, and
+    what the board saw (progress, placements, restores)."""
+
+    book: EventBook = field(default_factory=EventBook)
+    waits: list[float | None] = field(default_factory=list)
+    result: Any = None
+    count: int = 0
+    board_view: dict[str, Any] = field(default_factory=dict)
+
+
 def run_training(
     shape: SliceShape,
     run: TrainConfig,
@@ -189,10 +228,28 @@ def run_training(
     trains a preset on a hybrid mesh instead of the byte model (:mod:`workloads.training.multislice`). Raises :class:`TrainingError`, and
     ``ValueError`` for a bad config before anything is reserved.
     """
-    import ray
-    import ray.train
-    from ray.train.v2.jax import JaxTrainer
+    plan = _plan(
+        shape, run, num_slices, tpu_per_worker, scale, storage_path, name,
+        reserve_timeout_s, start_timeout_s,
+    )  # fmt: skip
+    began = time.time()
+    with _run_board(on_progress) as board, ExitStack() as cordoned:
+        attempts = _run_attempts(plan, board, cordoned, on_progress is not None)
+    return _result(plan, attempts, time.time() - began)
 
+
+def _plan(
+    shape: SliceShape,
+    run: TrainConfig,
+    num_slices: int,
+    tpu_per_worker: int | None,
+    scale: Any,
+    storage_path: str | None,
+    name: str,
+    reserve_timeout_s: float,
+    start_timeout_s: float,
+) -> RunPlan:
+    """Check the run against the slices (``ValueError`` for a bad config) and size it."""
     from workloads.slices.reservation import ray_splits_slice
 
     run.validate(shape, num_slices)
@@ -210,102 +267,148 @@ def run_training(
             f"(e.g. {shape.generation.name} 4x4, or {shape.topology} on an 8-chip machine type)"
         )
     if run.goodput.faults:
-        check_hosts(
-            FaultPlan.from_config(run.goodput.faults).faults,
-            num_workers,
-            run.steps,
-            field="train.goodput.faults",
-        )
+        faults = FaultPlan.from_config(run.goodput.faults).faults
+        check_hosts(faults, num_workers, run.steps, field="train.goodput.faults")
     log_dir = Path(run.goodput.log_dir or Path(tempfile.gettempdir(), "raytpu-runs", name))
     log_dir.mkdir(parents=True, exist_ok=True)
+    filesystem = None
     if storage_path is None:
         storage_path, filesystem = storage.ray_train_storage(run.checkpoint_dir)
-    else:
-        filesystem = None
-    plan = FaultPlan.from_config(run.goodput.faults)
-    book = EventBook()
-    waits: list[float | None] = []
-    began = time.time()
-    with _run_board(on_progress) as board, ExitStack() as cordoned:
-        for attempt in range(run.goodput.max_restarts + 1):
-            checked_slices, placement_wait = _capacity_check(
-                shape, num_slices, tpu, reserve_timeout_s, num_workers
-            )
-            waits.append(placement_wait)
-            resources: dict[str, float] = {"TPU": tpu}
-            if pin:
-                # Every host of a slice carries the resource named after the slice (TPU_NAME):
-                # asking for it keeps all workers on the slice the check found.
-                resources[checked_slices[0]] = 1
-            ray.get(board.new_attempt.remote(), timeout=30)
-            trainer = JaxTrainer(
-                train_loop_per_worker=train_loop_per_worker,
-                train_loop_config={
-                    "train": run.to_dict(),
-                    "board": board,
-                    "show_progress": on_progress is not None,
-                    "telemetry": telemetry.worker_config(shape, num_slices),
-                    "faults": plan.to_config(),
-                    "skip_data": ray.get(board.skipped_data.remote(), timeout=30),
-                    "slow_hosts": dict(book.slow_hosts),
-                    "shape": shape,
-                    "run_name": name,
-                    "scale": scale_payload,
-                },
-                scaling_config=ray.train.ScalingConfig(
-                    use_tpu=True,
-                    num_workers=num_workers,
-                    topology=shape.topology,
-                    accelerator_type=shape.ray_accelerator_type,
-                    resources_per_worker=resources,
-                ),
-                run_config=ray.train.RunConfig(
-                    name=f"{name}-{attempt}" if attempt else name,
-                    storage_path=storage_path,
-                    storage_filesystem=filesystem,
-                    # This loop restarts (a capacity check, the faults not yet fired, the
-                    # event account): Ray Train retries nothing itself, preemptions included.
-                    failure_config=ray.train.FailureConfig(
-                        max_failures=0, controller_failure_limit=0, max_preemption_failures=0
-                    ),
-                ),
-            )
-            attempt_began = time.monotonic()
-            try:
-                with _env(WORKER_GROUP_START_TIMEOUT_ENV, str(start_timeout_s)), _sigint_kept():
-                    result = trainer.fit()
-            except SystemExit as error:
-                # Ray Train's own SIGINT handler aborts the run and leaves through sys.exit().
-                raise TrainingInterrupted(
-                    f"training on {num_slices} x {shape.name} was interrupted (SIGINT) after "
-                    f"{time.monotonic() - attempt_began:.0f} s; Ray Train aborted the run"
-                ) from error
-            except ray.train.TrainingFailedError as error:
-                telemetry.error("train", error, telemetry.labels_for(shape))
-                held = len(book.cordons)
-                restartable = book.failed(board, error, log_dir, attempt < run.goodput.max_restarts)
-                plan = plan.without(book.fired)
-                for slice_name in book.cordons[held:]:
-                    _cordon(cordoned, shape, slice_name, reserve_timeout_s)
-                book.write(log_dir)
-                if not restartable:
-                    raise TrainingError(
-                        f"training on {num_slices} x {shape.name} ({num_workers} workers of TPU "
-                        f"{tpu}) failed after {attempt + 1} attempt(s): {error}\n" + book.summary()
-                    ) from error
-                continue
-            book.finished(board)
-            break
-        progress = ray.get(board.progress.remote(), timeout=30)
-        placements = tuple(ray.get(board.placements.remote(), timeout=30))
-        restores = tuple(tuple(r) for r in ray.get(board.restores.remote(), timeout=30))
-        book.write(log_dir)
-    wall = time.time() - began
-    metrics = result.metrics or {}
+    return RunPlan(
+        shape, run, num_slices, tpu, num_workers, bool(pin), scale_payload or None, log_dir,
+        storage_path, filesystem, name, reserve_timeout_s, start_timeout_s,
+    )  # fmt: skip
+
+
+def _run_attempts(plan: RunPlan, board: Any, cordoned: ExitStack, progress: bool) -> Attempts:
+    """Attempts until one finishes; each failed one recorded and, within ``max_restarts``,
+    restarted with the faults not yet fired (:class:`TrainingError` past the limit)."""
+    import ray
+
+    faults = FaultPlan.from_config(plan.run.goodput.faults)
+    done = Attempts()
+    for attempt in range(plan.run.goodput.max_restarts + 1):
+        done.count = attempt + 1
+        trainer = _trainer(plan, board, faults, done, attempt, progress)
+        try:
+            done.result = _fit(plan, trainer)
+        except ray.train.TrainingFailedError as error:
+            faults = _failed(plan, board, cordoned, faults, done, error, attempt)
+            continue
+        done.book.finished(board)
+        break
+    done.board_view = {
+        "progress": ray.get(board.progress.remote(), timeout=30),
+        "placements": tuple(ray.get(board.placements.remote(), timeout=30)),
+        "restores": tuple(tuple(r) for r in ray.get(board.restores.remote(), timeout=30)),
+    }
+    done.book.write(plan.log_dir)
+    return done
+
+
+def _trainer(
+    plan: RunPlan, board: Any, faults: FaultPlan, done: Attempts, attempt: int, progress: bool
+) -> Any:
+    """The attempt's capacity check, then its JaxTrainer: one worker per host, every slice."""
+    import ray
+    import ray.train
+    from ray.train.v2.jax import JaxTrainer
+
+    shape = plan.shape
+    checked_slices, placement_wait = _capacity_check(
+        shape, plan.num_slices, plan.tpu, plan.reserve_timeout_s, plan.num_workers
+    )
+    done.waits.append(placement_wait)
+    resources: dict[str, float] = {"TPU": plan.tpu}
+    if plan.pin:
+        # Every host of a slice carries the resource named after the slice (TPU_NAME):
+        # asking for it keeps all workers on the slice the check found.
+        resources[checked_slices[0]] = 1
+    ray.get(board.new_attempt.remote(), timeout=30)
+    return JaxTrainer(
+        train_loop_per_worker=train_loop_per_worker,
+        train_loop_config={
+            "train": plan.run.to_dict(),
+            "board": board,
+            "show_progress": progress,
+            "telemetry": telemetry.worker_config(shape, plan.num_slices),
+            "faults": faults.to_config(),
+            "skip_data": ray.get(board.skipped_data.remote(), timeout=30),
+            "slow_hosts": dict(done.book.slow_hosts),
+            "shape": shape,
+            "run_name": plan.name,
+            "scale": plan.scale_payload,
+        },
+        scaling_config=ray.train.ScalingConfig(
+            use_tpu=True,
+            num_workers=plan.num_workers,
+            topology=shape.topology,
+            accelerator_type=shape.ray_accelerator_type,
+            resources_per_worker=resources,
+        ),
+        run_config=ray.train.RunConfig(
+            name=f"{plan.name}-{attempt}" if attempt else plan.name,
+            storage_path=plan.storage_path,
+            storage_filesystem=plan.filesystem,
+            # This loop restarts (a capacity check, the faults not yet fired, the event
+            # account): Ray Train retries nothing itself, preemptions included.
+            failure_config=ray.train.FailureConfig(
+                max_failures=0, controller_failure_limit=0, max_preemption_failures=0
+            ),
+        ),
+    )
+
+
+def _fit(plan: RunPlan, trainer: Any) -> Any:
+    """``trainer.fit()`` within the worker group start bound, the caller's SIGINT handler kept."""
+    began = time.monotonic()
+    try:
+        with _env(WORKER_GROUP_START_TIMEOUT_ENV, str(plan.start_timeout_s)), _sigint_kept():
+            return trainer.fit()
+    except SystemExit as error:
+        # Ray Train's own SIGINT handler aborts the run and leaves through sys.exit().
+        raise TrainingInterrupted(
+            f"training on {plan.describe()} was interrupted (SIGINT) after "
+            f"{time.monotonic() - began:.0f} s; Ray Train aborted the run"
+        ) from error
+
+
+def _failed(
+    plan: RunPlan,
+    board: Any,
+    cordoned: ExitStack,
+    faults: FaultPlan,
+    done: Attempts,
+    error: BaseException,
+    attempt: int,
+) -> FaultPlan:
+    """Record a failed attempt, hold a slow host's slice; the faults left for the next one, or
+    :class:`TrainingError` with the events when it may not restart."""
+    book = done.book
+    telemetry.error("train", error, telemetry.labels_for(plan.shape))
+    held = len(book.cordons)
+    restartable = book.failed(board, error, plan.log_dir, attempt < plan.run.goodput.max_restarts)
+    for slice_name in book.cordons[held:]:
+        _cordon(cordoned, plan.shape, slice_name, plan.reserve_timeout_s)
+    book.write(plan.log_dir)
+    if not restartable:
+        raise TrainingError(
+            f"training on {plan.describe()} ({plan.num_workers} workers of TPU {plan.tpu}) "
+            f"failed after {attempt + 1} attempt(s): {error}\n" + book.summary()
+        ) from error
+    return faults.without(book.fired)
+
+
+def _result(plan: RunPlan, done: Attempts, wall: float) -> TrainResult:
+    """The finished run's :class:`TrainResult` from its final report and the board."""
+    metrics = (done.result.metrics if done.result is not None else None) or {}
     if "params_digest" not in metrics:
-        raise TrainingError(f"training on {shape.name} ended without a final report: {metrics}")
+        raise TrainingError(
+            f"training on {plan.shape.name} ended without a final report: {metrics}"
+        )
+    progress = done.board_view["progress"]
     ratio = goodput(progress["productive_s"], wall)
-    telemetry.goodput(ratio, book.events, telemetry.labels_for(shape))
+    telemetry.goodput(ratio, done.book.events, telemetry.labels_for(plan.shape))
     return TrainResult(
         steps_run=len(metrics["losses"]),
         final_step=int(metrics["step"]),
@@ -316,19 +419,19 @@ def run_training(
         process_count=int(metrics["process_count"]),
         device_count=int(metrics["device_count"]),
         local_device_count=int(metrics["local_device_count"]),
-        checkpoint_dir=run.checkpoint_dir,
+        checkpoint_dir=plan.run.checkpoint_dir,
         latest_checkpoint=int(metrics["latest_checkpoint"]),
         params_digest=str(metrics["params_digest"]),
         seconds=float(metrics["seconds"]),
-        placement_wait_s=waits[0],
-        placements=placements,
-        events=tuple(book.events),
-        attempts=attempt + 1,
-        restores=restores,
+        placement_wait_s=done.waits[0],
+        placements=done.board_view["placements"],
+        events=tuple(done.book.events),
+        attempts=done.count,
+        restores=done.board_view["restores"],
         goodput=ratio,
         wall_s=wall,
         redone_steps=int(progress["redone_steps"]),
-        log_dir=str(log_dir),
+        log_dir=str(plan.log_dir),
         scale=dict(metrics.get("scale") or {}),
     )
 

@@ -1,4 +1,6 @@
-"""Training a preset over N slices: the worker loop behind ``run_training(..., scale=...)``.
+"""Training a preset over N slices: what ``run_training(..., scale=...)`` adds to the one worker
+loop (:class:`workloads.training.worker_loop.WorkerLoop`): the driver's payload, the worker's
+family spec, its ``MEGASCALE_*`` checks and what it reports of the mesh.
 
 Glossary (Ray's and MaxText's words):
 
@@ -21,8 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Callable
 from typing import Any
 
 from raytpu.catalog import SliceShape
@@ -87,100 +87,48 @@ def megascale_env(num_slices: int, process_index: int, hosts_per_slice: int) -> 
     return seen
 
 
-def train_loop_sharded(
-    config: dict[str, Any],
-    *,
-    report: Callable[..., None],
-    placement: Callable[[], Any],
-) -> None:
-    """One worker per host: the preset on the hybrid mesh, data from this host's shard only."""
-    import jax
+def family_spec(model: dict[str, Any], payload: dict[str, Any] | None) -> dict[str, Any]:
+    """The worker's :func:`workloads.model.family.family_for` spec: the byte LM with the run's
+    ``model`` overrides, or the payload's preset (:func:`driver_payload`) on its mesh."""
+    if not payload:
+        return {"family": "byte-lm", "model": dict(model)}
+    return {
+        "family": "llama",
+        "model": preset(payload["preset"]).to_dict(),
+        "tokenizer": payload["tokenizer"],
+        "mesh": payload["mesh"],
+        "hosts_per_slice": payload["hosts_per_slice"],
+    }
+
+
+def worker_env(payload: dict[str, Any] | None, process_index: int) -> dict[str, str]:
+    """A preset run's :func:`megascale_env` checks on this worker (nothing for the byte LM)."""
+    if not payload:
+        return {}
+    return megascale_env(payload["num_slices"], process_index, payload["hosts_per_slice"])
+
+
+def scale_report(family: Any, mesh: Any, env: dict[str, str], state: Any, shard: Any) -> dict:
+    """What a preset run reports of its mesh: the axes, which processes the DCN axis spans,
+    the ``MEGASCALE_SLICE_ID`` of every process (a collective), rank 0's env, the share of the
+    embedding one device holds, rank 0's data shard and the tokenizer's vocabulary."""
     import numpy as np
     from jax.experimental import multihost_utils
 
-    from workloads import telemetry
-    from workloads.data.corpus import load_corpus
-    from workloads.data.text_data import HostShard, encode, load_tokenizer, windows
+    from workloads.data.text_data import load_tokenizer
     from workloads.model import sharding
-    from workloads.model.byte_lm import params_digest
-    from workloads.model.checkpoint import open_checkpoints, restore_state, save_state
-    from workloads.training.config import TrainConfig
 
-    began = time.monotonic()
-    run = config["train"]
-    payload = config["scale"]
-    scale = ScaleConfig.from_dict({"preset": payload["preset"], "mesh": payload["mesh"]})
-    model = preset(scale.preset)
-    config["board"].placed.remote(placement())
-    process, processes = jax.process_index(), jax.process_count()
-    env = megascale_env(payload["num_slices"], process, payload["hosts_per_slice"])
-    mesh = sharding.build_mesh(scale.mesh, hosts_per_slice=payload["hosts_per_slice"])
-    tokenizer = load_tokenizer(payload["tokenizer"])
-    shard = HostShard(
-        windows(encode(tokenizer, load_corpus()), model.seq_len), process, processes, run["seed"]
+    slice_ids = multihost_utils.process_allgather(
+        np.array([int(env.get("MEGASCALE_SLICE_ID") or 0)], np.int32)
     )
-    local_batch = run["global_batch"] // processes
-    step_fn = sharding.sharded_step(model, mesh)
-    manager = open_checkpoints(run["checkpoint_dir"])
-    resumed_from = 0
-    try:
-        latest = manager.latest_step()
-        if latest is None:
-            state = sharding.sharded_init(model, mesh, run["seed"])
-        else:  # Orbax reshards onto this mesh (e.g. saved on 1 slice, restored on 2)
-            state = restore_state(manager, latest, sharding.abstract_state(model, mesh))
-            resumed_from = int(latest)
-        meter = telemetry.TrainTelemetry.from_config(
-            config.get("telemetry"),
-            TrainConfig.from_dict(run),
-            model,
-            state.params,
-            flops_per_token=model.train_flops_per_token(),
-        )
-        losses: list[float] = []
-        batches = shard.batches(resumed_from, run["steps"], local_batch)
-        for step, local in zip(range(resumed_from, run["steps"]), batches, strict=True):
-            step_began = time.monotonic()
-            batch = jax.make_array_from_process_local_data(sharding.batch_sharding(mesh), local)
-            state, loss = step_fn(state, batch)
-            losses.append(float(loss.addressable_data(0)))
-            done = step + 1
-            meter.step(time.monotonic() - step_began, losses[-1])
-            if process == 0:
-                logger.info("[train] step %d/%d loss %.4f", done, run["steps"], losses[-1])
-            if done % run["checkpoint_every"] == 0 or done == run["steps"]:
-                with meter.checkpoint("save"):
-                    save_state(manager, done, state, model)
-        manager.wait_until_finished()
-        slice_ids = multihost_utils.process_allgather(
-            np.array([int(env["MEGASCALE_SLICE_ID"] or 0)], np.int32)
-        )
-        embed = state.params["embed"]["embedding"]
-        report(
-            {
-                "step": max(resumed_from, run["steps"]),
-                "loss": losses[-1] if losses else float("nan"),
-                "first_loss": losses[0] if losses else float("nan"),
-                "losses": losses,
-                "resumed_from": resumed_from,
-                "process_count": processes,
-                "device_count": jax.device_count(),
-                "local_device_count": jax.local_device_count(),
-                "latest_checkpoint": int(manager.latest_step() or 0),
-                "params_digest": params_digest(state.params),
-                "seconds": time.monotonic() - began,
-                "scale": {
-                    "preset": model.name,
-                    "mesh": dict(mesh.shape),
-                    "data_axis_processes": [sorted(p) for p in sharding.slice_of_devices(mesh)],
-                    "megascale_slice_ids": [int(x) for x in np.ravel(slice_ids)],
-                    "megascale_rank0": env,
-                    "embed_shard_fraction": embed.addressable_shards[0].data.size / embed.size,
-                    "shard_windows_rank0": len(shard.indices),
-                    "tokenizer_vocab": tokenizer.get_vocab_size(),
-                },
-            },
-            final=True,
-        )
-    finally:
-        manager.close()
+    embed = state.params["embed"]["embedding"]
+    return {
+        "preset": family.preset.name,
+        "mesh": dict(mesh.shape),
+        "data_axis_processes": [sorted(p) for p in sharding.slice_of_devices(mesh)],
+        "megascale_slice_ids": [int(x) for x in np.ravel(slice_ids)],
+        "megascale_rank0": env,
+        "embed_shard_fraction": embed.addressable_shards[0].data.size / embed.size,
+        "shard_windows_rank0": len(shard.indices),
+        "tokenizer_vocab": load_tokenizer(family.tokenizer).get_vocab_size(),
+    }

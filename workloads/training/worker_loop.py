@@ -1,4 +1,6 @@
-"""The training loop of one Ray Train worker (one per TPU host): jax is imported in here only.
+"""The training loop of one Ray Train worker (one per TPU host), :class:`WorkerLoop`, for every
+model family (:mod:`workloads.model.family`: the byte LM and the presets): jax is imported in
+here only.
 
 Per step: the host's own work (its data, injected faults) is timed, the step runs on the mesh,
 and then the goodput checks run on every host alike (their inputs are global: the loss, and
@@ -24,19 +26,18 @@ Events go to the run's board (:class:`workloads.training.config.RunBoard`), whic
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from workloads import storage, telemetry
+from workloads import telemetry
 from workloads.training import goodput as gp
 from workloads.training import multislice
-from workloads.training.config import TrainConfig, TrainProgress, WorkerPlacement
-from workloads.training.faults import FaultPlan
+from workloads.training import worker_io as io
+from workloads.training.config import TrainConfig, TrainProgress
+from workloads.training.faults import FaultPlan, FaultSpec
 
 logger = logging.getLogger(__name__)
 
@@ -52,363 +53,400 @@ def data_index(step: int, skipped: list[int]) -> int:
     return index
 
 
-def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Runs once per TPU host. Must be called under JaxTrainer (jax.distributed is initialized)."""
-    if config.get("scale"):  # a preset on a hybrid mesh (workloads.training.multislice)
-        return multislice.train_loop_sharded(config, report=_report, placement=_my_placement)
-    from functools import partial
-
-    import jax
-    import numpy as np
-    import ray
-    import ray.train as ray_train
-    from jax.experimental import multihost_utils
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    from workloads.data.corpus import load_corpus
-    from workloads.model import byte_lm as m
-    from workloads.model.checkpoint import open_checkpoints, restore_state, save_state
-    from workloads.training import checkpoint_tiers as tiers
-
-    began = time.monotonic()
-    _quiet_worker_logs()
-    run = TrainConfig.from_dict(config["train"])
-    good = run.goodput
-    plan = FaultPlan.from_config(config.get("faults", ()))
-    skipped: list[int] = list(config.get("skip_data", ()))
-    slow_hosts: dict[str, str] = dict(config.get("slow_hosts") or {})
-    cfg = m.ModelConfig.from_dict(run.model)
-    mesh = Mesh(np.array(jax.devices()), ("data",))
-    data_sharding = NamedSharding(mesh, P("data"))
-    replicated = NamedSharding(mesh, P())
-    me, hosts = jax.process_index(), jax.process_count()
-    local_batch = run.global_batch // hosts
-    corpus = m.encode(load_corpus())
-    board = config["board"]
-    placement = _my_placement()
-    host_name = f"{placement.slice_name}/{placement.tpu_worker_id}"
-    board.placed.remote(placement)
-    show_progress = config.get("show_progress", False) and me == 0
-    tokens_per_step = run.global_batch * cfg.seq_len
-    fast_dir = tiers.fast_root(good.fast_dir) / config.get("run_name", "run")
-    phase = {"where": "start"}
-
-    def event(
-        kind: str, step: int, host: str, action: str, detail: str = "", wait: bool = False
-    ) -> None:
-        """Post an event; ``wait``: until the board has it (this host may be gone right after)."""
-        posted = board.event.remote(asdict(gp.GoodputEvent(kind, step, host, action, 0.0, detail)))
-        if wait:
-            ray.get(posted, timeout=10)
-
-    def on_hang(step: int, waited: float, limit: float) -> None:
-        path = gp.dump_stacks(Path("raytpu-stacks"), f"{host_name.replace('/', '-')}.txt")
-        board.stacks.remote(host_name, path.read_text(encoding="utf-8"))
-        culprit = phase["where"] != "collective"
-        detail = f"no step for {waited:.1f} s > {limit:.1f} s; this host was in {phase['where']}"
-        board.event.remote(
-            asdict(
-                gp.GoodputEvent("hang", step, host_name if culprit else "", "restart", 0, detail)
-            )
-        )
-        time.sleep(2.0)  # the board calls go out; the peers' watchdogs dump their stacks too
-        os._exit(HANG_EXIT_CODE)
-
-    notice_handled = False
-    my_node = ray.get_runtime_context().get_node_id()
-    # The last durable save's time (0 until one finished: an emergency save is tried).
-    durable_s, durable_began = 0.0, None
-    watchdog = gp.Watchdog(
-        k=good.hang_k, floor_s=good.hang_floor_s, startup_s=good.startup_timeout_s, on_hang=on_hang
-    ).start()
-    init = jax.jit(partial(m.init_state, cfg), out_shardings=replicated)
-    state = init(jax.random.PRNGKey(run.seed))
-    step_fn = jax.jit(
-        partial(m.train_step, cfg),
-        in_shardings=(replicated, data_sharding),
-        out_shardings=(replicated, replicated),
-    )
-    manager = open_checkpoints(run.checkpoint_dir)
-    meter = telemetry.TrainTelemetry.from_config(config.get("telemetry"), run, cfg, state.params)
-
-    def restore(at_most: int | None) -> tuple[Any, tiers.RestorePlan, list[float]]:
-        """The newest complete checkpoint (<= ``at_most``) of either tier, on every host."""
-        mine = [s for s in tiers.fast_steps(fast_dir) if at_most is None or s <= at_most]
-        padded = np.full(tiers.FAST_KEEP + 1, -1, np.int64)
-        padded[: len(mine[-tiers.FAST_KEEP :])] = mine[-tiers.FAST_KEEP :]
-        gathered = np.asarray(multihost_utils.process_allgather(padded)).reshape(hosts, -1)
-        fast = [[int(s) for s in row if s >= 0] for row in gathered]
-        durable = [s for s in manager.all_steps() if at_most is None or s <= at_most]
-        choice = tiers.choose_restore(fast, max(durable, default=None))
-        watchdog.expect(good.checkpoint_timeout_s)
-        phase["where"] = "restore"
-        with meter.checkpoint("restore"):
-            if choice.tier == "fast":
-                restored, meta = tiers.restore_fast(fast_dir, choice, state, me)
-                return restored, choice, list(meta.get("spike_window", ()))
-            if choice.tier == "durable":
-                return restore_state(manager, choice.step, state), choice, []
-        # No checkpoint at or before ``at_most``: from the start (a rollback before the first
-        # save must not go on from the parameters it rolls back).
-        return init(jax.random.PRNGKey(run.seed)), choice, []
-
-    try:
-        phase["where"] = "restore"
-        state, choice, history = restore(None)
-        resumed_from = choice.step
-        board.restored.remote(me, choice.tier, choice.step, host_name)
-        spikes = gp.SpikeDetector(good.spike_k, good.spike_window, good.spike_min_history, history)
-        slow = gp.SlowHostDetector(
-            good.slow_fraction, good.slow_steps, min_excess_s=good.slow_min_excess_s
-        )
-        losses: list[float] = []
-        step = resumed_from
-        save_s = 1.0
-        while step < run.steps:
-            step_began = time.monotonic()
-            phase["where"] = "host work"
-            local = m.sample_batch(
-                corpus, local_batch, cfg.seq_len, seed=(run.seed, data_index(step, skipped), me)
-            )
-            for fault in plan.at(step, me, hosts):
-                plan = plan.without([str(fault)])  # once: a rollback replays the step
-                local = plan.apply(
-                    fault,
-                    fast_dir=fast_dir,
-                    batch=local,
-                    announce=lambda f: _announce(board, f, host_name),
-                    grace_s=good.preempt_grace_s,
-                )
-            for fault in plan.slow_at(step, me, hosts, host_name, slow_hosts):
-                if str(fault) not in slow_hosts:  # it fires: from now on it is this host's
-                    _announce(board, fault, host_name)
-                    slow_hosts[str(fault)] = host_name
-                time.sleep(_slow_delay())
-            own_s = time.monotonic() - step_began
-            phase["where"] = "collective"
-            batch = jax.make_array_from_process_local_data(data_sharding, local)
-            new_state, loss = step_fn(state, batch)
-            loss_value = float(loss.addressable_data(0))
-            host_s = np.asarray(multihost_utils.process_allgather(np.asarray([own_s]))).ravel()
-            phase["where"] = "checks"
-            seconds = time.monotonic() - step_began
-            telemetry.check_loss(step + 1, loss_value)
-            if spikes.is_spike(loss_value):
-                limit = spikes.threshold() or 0.0
-                detail = f"loss {loss_value:.3f} > {limit:.3f} (trend + {good.spike_k} x MAD)"
-                if good.spike_policy == "rollback":
-                    skipped.append(data_index(step, skipped))
-                    board.skip_data.remote(skipped)
-                    state, back, history = restore(step)
-                    spikes = gp.SpikeDetector(
-                        good.spike_k, good.spike_window, good.spike_min_history, history
-                    )
-                    if me == 0:
-                        event("loss_spike", step, "", f"rollback to step {back.step}", detail)
-                    step = back.step
-                    watchdog.beat(step)
-                    continue
-                if me == 0:
-                    event("loss_spike", step, "", good.spike_policy, detail)
-                if good.spike_policy == "skip":
-                    new_state = state  # the update of the corrupt batch is dropped
-            state = new_state
-            losses.append(loss_value)
-            done = step + 1
-            watchdog.beat(done, seconds)
-            if me == 0:  # before a slow-host move ends the attempt: the step counts
-                board.step.remote(done, seconds, time.time())
-            flagged = slow.observe(seconds, [float(x) for x in host_s])
-            moving = good.slow_policy == "restart"
-            if moving:  # every host acts on rank 0's view: the move is collective
-                flagged = _from_rank0(flagged)
-            if flagged is not None:
-                detail = (
-                    f"step {seconds:.2f} s vs baseline {slow.baseline or 0.0:.2f} s; own time "
-                    f"{host_s[flagged]:.2f} s of {' '.join(f'{x:.2f}' for x in host_s)}"
-                )
-                if moving:
-                    phase["where"] = "spare-slice check"
-                    watchdog.expect(_spare_check_bound_s())
-                if moving and _spare_slice(config["shape"], me):
-                    phase["where"] = "checkpoint"
-                    watchdog.expect(good.checkpoint_timeout_s)
-                    with meter.checkpoint("save"):  # the new slice has no fast tier of ours
-                        save_state(manager, done, state, cfg)
-                        manager.wait_until_finished()
-                    if me == flagged:
-                        event("slow_host", done, host_name, gp.MOVE_ACTION, detail, wait=True)
-                    multihost_utils.sync_global_devices("raytpu-slow-host-move")
-                    raise SlowHostMove(
-                        f"host of process {flagged} is slow at step {done}: {detail}"
-                    )
-                if me == flagged:
-                    event(
-                        "slow_host", done, host_name, "warned (no spare slice to move to)", detail
-                    )
-            if show_progress:
-                board.post.remote(
-                    TrainProgress(done, run.steps, loss_value, tokens_per_step / seconds)
-                )
-            meter.step(seconds, loss_value)
-            if me == 0:
-                logger.info("[train] step %d/%d loss %.4f", done, run.steps, loss_value)
-            phase["where"] = "checkpoint"
-            watchdog.expect(good.checkpoint_timeout_s)
-            if good.fast_every and done % good.fast_every == 0:
-                saved = time.monotonic()
-                tiers.save_fast(fast_dir, done, state, {"spike_window": list(spikes.losses)})
-                save_s = time.monotonic() - saved
-            if done % run.checkpoint_every == 0 or done == run.steps:
-                durable_began = time.monotonic()
-                with meter.checkpoint("save"):
-                    save_state(manager, done, state, cfg)
-            if durable_began is not None and not manager.is_saving_in_progress():
-                durable_s, durable_began = time.monotonic() - durable_began, None
-            watchdog.beat(done)
-            checks = not notice_handled and done % good.preempt_check_every == 0
-            notice = ray_train.get_preemption_info() if checks else None
-            if notice is not None:
-                # A preemption notice: one emergency durable save if it fits, then train on.
-                notice_handled = True
-                mine = my_node in notice.preempted_node_to_ranks  # the drained host says so
-                left = gp.seconds_left(notice.deadline_ms, good.preempt_grace_s, time.time())
-                fits = multihost_utils.broadcast_one_to_all(np.asarray(durable_s < left))
-                if bool(fits) and mine:  # said first: the host may go before the save ends
-                    started = f"emergency durable checkpoint at step {done} started"
-                    event("preemption", done, host_name, f"{started}, {left:.1f} s left", wait=True)
-                if bool(fits):  # rank 0's decision, on every host: the save is collective
-                    saved = time.monotonic()
-                    with meter.checkpoint("save"):
-                        if done % run.checkpoint_every and done != run.steps:  # not saved yet
-                            save_state(manager, done, state, cfg)
-                        manager.wait_until_finished()
-                    action = (
-                        f"emergency durable checkpoint at step {done} "
-                        f"({time.monotonic() - saved:.1f} s, {left:.1f} s before the deadline)"
-                    )
-                else:
-                    action = (
-                        f"no emergency checkpoint: a durable save took {durable_s:.1f} s, "
-                        f"{left:.1f} s left"
-                    )
-                if mine:
-                    event("preemption", done, host_name, action, wait=True)
-            if done % run.log_every == 0 and done != run.steps:
-                window = losses[-run.log_every :]
-                _report({"step": done, "loss": loss_value, "window_losses": window}, final=False)
-            step = done
-        manager.wait_until_finished()
-        watchdog.stop()
-        _report(
-            {
-                "step": max(resumed_from, run.steps),
-                "loss": losses[-1] if losses else float("nan"),
-                "first_loss": losses[0] if losses else float("nan"),
-                "losses": losses,
-                "resumed_from": resumed_from,
-                "restored_tier": choice.tier,
-                "process_count": hosts,
-                "device_count": jax.device_count(),
-                "local_device_count": jax.local_device_count(),
-                "latest_checkpoint": int(manager.latest_step() or 0),
-                "params_digest": m.params_digest(state.params),
-                "seconds": time.monotonic() - began,
-                "fast_save_s": save_s,
-            },
-            final=True,
-        )
-    finally:
-        watchdog.stop()
-        manager.close()
-
-
 class SlowHostMove(RuntimeError):
     """Raised by every worker to end an attempt whose slow host's slice the driver leaves."""
 
 
-def _from_rank0(flagged: int | None) -> int | None:
-    """Rank 0's flagged host (a collective: every host calls it each step)."""
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    value = np.asarray(-1 if flagged is None else flagged, np.int32)
-    agreed = int(multihost_utils.broadcast_one_to_all(value))
-    return None if agreed < 0 else agreed
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """JaxTrainer's ``train_loop_per_worker``: runs once per TPU host, under JaxTrainer
+    (``jax.distributed`` is initialized), the byte LM or a preset alike."""
+    WorkerLoop(config).run()
 
 
-def _spare_slice(shape: Any, me: int) -> bool:
-    """Whether a whole slice of ``shape`` is free besides the run's (rank 0 tries to reserve one;
-    every host gets its answer)."""
-    import numpy as np
-    from jax.experimental import multihost_utils
+class WorkerLoop:
+    """One worker's training run, any :class:`workloads.model.family.ModelFamily`: setup (the
+    family's mesh, jitted init and step, data, watchdog, checkpoints), restore (either tier),
+    step (host work, the step on the mesh, loss-spike and slow-host checks), checkpoint (fast
+    and durable tiers, a preemption's emergency save) and hang (the watchdog's end)."""
 
-    from workloads.slices.reservation import spare_slice_exists
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.began = time.monotonic()
+        self.config = config
+        self.where = "start"
+        """What this host is doing, for a hang's report: ``collective`` blames a peer."""
+        self.setup()
 
-    spare = spare_slice_exists(shape) if me == 0 else False
-    return bool(multihost_utils.broadcast_one_to_all(np.asarray(spare)))
+    # ------------------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        """Read the run's config, place this host, start the watchdog, compile and init."""
+        import jax
+        import ray
 
+        from workloads.model.checkpoint import open_checkpoints
+        from workloads.model.family import family_for
+        from workloads.training import checkpoint_tiers as tiers
 
-def _spare_check_bound_s() -> float:
-    """The longest :func:`_spare_slice` takes (with no spare slice, all of it): the hang watchdog
-    allows this much around the check."""
-    from workloads.slices.release import SETTLE_S
-    from workloads.slices.reservation import SPARE_CHECK_TIMEOUT_S
+        io.quiet_worker_logs()
+        config = self.config
+        self.run_cfg = run = TrainConfig.from_dict(config["train"])
+        self.good = run.goodput
+        self.plan = FaultPlan.from_config(config.get("faults", ()))
+        self.skipped: list[int] = list(config.get("skip_data", ()))
+        self.slow_hosts: dict[str, str] = dict(config.get("slow_hosts") or {})
+        self.family = family_for(multislice.family_spec(run.model, config.get("scale")))
+        self.me, self.hosts = jax.process_index(), jax.process_count()
+        self.board = config["board"]
+        placement = io.my_placement()
+        self.host_name = f"{placement.slice_name}/{placement.tpu_worker_id}"
+        self.board.placed.remote(placement)
+        self.megascale = multislice.worker_env(config.get("scale"), self.me)
+        self.mesh = self.family.mesh(jax.devices())
+        self.local_batch = run.global_batch // self.hosts
+        self.data = self.family.batches(run.seed, self.me, self.hosts)
+        self.show_progress = config.get("show_progress", False) and self.me == 0
+        self.tokens_per_step = run.global_batch * self.family.config.seq_len
+        self.fast_dir = tiers.fast_root(self.good.fast_dir) / config.get("run_name", "run")
+        self.my_node = ray.get_runtime_context().get_node_id()
+        self.notice_handled = False
+        self.durable_s, self.durable_began = 0.0, None
+        """The last durable save's time (0 until one finished: an emergency save is tried)."""
+        self.save_s = 1.0
+        self.losses: list[float] = []
+        self.watchdog = gp.Watchdog(
+            k=self.good.hang_k,
+            floor_s=self.good.hang_floor_s,
+            startup_s=self.good.startup_timeout_s,
+            on_hang=self.on_hang,
+        ).start()
+        self.compile()
+        self.state = self.init()
+        self.manager = open_checkpoints(run.checkpoint_dir)
+        self.meter = telemetry.TrainTelemetry.from_config(
+            config.get("telemetry"),
+            run,
+            self.family.config,
+            self.state.params,
+            flops_per_token=self.family.flops_per_token,
+        )
 
-    return SPARE_CHECK_TIMEOUT_S + SETTLE_S + 1.0
+    def compile(self) -> None:
+        """The family's init and train step jitted with its shardings on the mesh."""
+        import jax
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
 
+        state = self.family.state_shardings(self.mesh)
+        self.batch_sharding = self.family.batch_sharding(self.mesh)
+        replicated = NamedSharding(self.mesh, P())
+        self.init_fn = jax.jit(self.family.init, out_shardings=state)
+        self.step_fn = jax.jit(
+            self.family.train_step,
+            in_shardings=(state, self.batch_sharding),
+            out_shardings=(state, replicated),
+        )
 
-def _slow_delay() -> float:
-    from workloads.training.faults import SLOW_HOST_DELAY_S
+    def init(self) -> Any:
+        import jax
 
-    return SLOW_HOST_DELAY_S
+        return self.init_fn(jax.random.PRNGKey(self.run_cfg.seed))
 
+    # ------------------------------------------------------------------------------ restore
+    def restore(self, at_most: int | None) -> tuple[Any, Any, list[float]]:
+        """The newest complete checkpoint (<= ``at_most``) of either tier, on every host:
+        (state, the restore plan, the spike detector's saved window)."""
+        import numpy as np
+        from jax.experimental import multihost_utils
 
-def _announce(board: Any, fault: Any, host: str) -> None:
-    """Tell the driver a fault fires (and wait for it: the process may die right after)."""
-    import ray
+        from workloads.model.checkpoint import restore_state
+        from workloads.training import checkpoint_tiers as tiers
 
-    ray.get(board.fired.remote(str(fault), fault.kind, fault.step, host), timeout=10)
+        keep = tiers.FAST_KEEP
+        mine = [s for s in tiers.fast_steps(self.fast_dir) if at_most is None or s <= at_most]
+        padded = np.full(keep + 1, -1, np.int64)
+        padded[: len(mine[-keep:])] = mine[-keep:]
+        gathered = np.asarray(multihost_utils.process_allgather(padded)).reshape(self.hosts, -1)
+        fast = [[int(s) for s in row if s >= 0] for row in gathered]
+        durable = [s for s in self.manager.all_steps() if at_most is None or s <= at_most]
+        choice = tiers.choose_restore(fast, max(durable, default=None))
+        self.watchdog.expect(self.good.checkpoint_timeout_s)
+        self.where = "restore"
+        with self.meter.checkpoint("restore"):
+            if choice.tier == "fast":
+                restored, meta = tiers.restore_fast(self.fast_dir, choice, self.state, self.me)
+                return restored, choice, list(meta.get("spike_window", ()))
+            if choice.tier == "durable":  # Orbax reshards onto this mesh (1 slice -> 2)
+                return restore_state(self.manager, choice.step, self.state), choice, []
+        # No checkpoint at or before ``at_most``: from the start (a rollback before the first
+        # save must not go on from the parameters it rolls back).
+        return self.init(), choice, []
 
+    def spike_detector(self, history: list[float]) -> gp.SpikeDetector:
+        good = self.good
+        return gp.SpikeDetector(good.spike_k, good.spike_window, good.spike_min_history, history)
 
-def _my_placement() -> WorkerPlacement:
-    import jax
-    import ray
-    import ray.train
+    # ------------------------------------------------------------------------------ run
+    def run(self) -> None:
+        """Restore, train to ``steps``, and send the final report."""
+        try:
+            self.where = "restore"
+            self.state, choice, history = self.restore(None)
+            self.resumed_from, self.restored_tier = choice.step, choice.tier
+            self.board.restored.remote(self.me, choice.tier, choice.step, self.host_name)
+            self.spikes = self.spike_detector(history)
+            good = self.good
+            self.slow = gp.SlowHostDetector(
+                good.slow_fraction, good.slow_steps, min_excess_s=good.slow_min_excess_s
+            )
+            step = self.resumed_from
+            while step < self.run_cfg.steps:
+                step = self.step(step)
+            self.manager.wait_until_finished()
+            self.watchdog.stop()
+            io.report(self.summary(), final=True)
+        finally:
+            self.watchdog.stop()
+            self.manager.close()
 
-    return WorkerPlacement(
-        rank=ray.train.get_context().get_world_rank(),
-        node_id=ray.get_runtime_context().get_node_id(),
-        slice_name=os.environ.get("TPU_NAME", ""),
-        tpu_worker_id=int(os.environ.get("TPU_WORKER_ID", "-1")),
-        process_index=jax.process_index(),
-    )
+    # ------------------------------------------------------------------------------ step
+    def step(self, step: int) -> int:
+        """Train ``step``; the next step to run (after a rollback: the restored one)."""
+        import jax
+        import numpy as np
+        from jax.experimental import multihost_utils
 
+        began = time.monotonic()
+        local = self.host_work(step)
+        own_s = time.monotonic() - began
+        self.where = "collective"
+        batch = jax.make_array_from_process_local_data(self.batch_sharding, local)
+        new_state, loss = self.step_fn(self.state, batch)
+        loss_value = float(loss.addressable_data(0))
+        host_s = np.asarray(multihost_utils.process_allgather(np.asarray([own_s]))).ravel()
+        self.where = "checks"
+        seconds = time.monotonic() - began
+        telemetry.check_loss(step + 1, loss_value)
+        if self.spikes.is_spike(loss_value):
+            if self.good.spike_policy == "rollback":
+                return self.rollback(step, loss_value)
+            self.spike_event(step, loss_value, self.good.spike_policy)
+            if self.good.spike_policy == "skip":
+                new_state = self.state  # the update of the corrupt batch is dropped
+        self.state = new_state
+        self.losses.append(loss_value)
+        done = step + 1
+        self.watchdog.beat(done, seconds)
+        if self.me == 0:  # before a slow-host move ends the attempt: the step counts
+            self.board.step.remote(done, seconds, time.time())
+        self.slow_host(done, seconds, [float(x) for x in host_s])
+        self.progress(done, seconds, loss_value)
+        self.checkpoint(done)
+        self.preemption(done)
+        log_every = self.run_cfg.log_every
+        if done % log_every == 0 and done != self.run_cfg.steps:
+            window = self.losses[-log_every:]
+            io.report({"step": done, "loss": loss_value, "window_losses": window}, final=False)
+        return done
 
-def _report(metrics: dict[str, Any], *, final: bool) -> None:
-    """``ray.train.report`` every ``log_every`` steps; the final report carries a small Ray Train
-    checkpoint (rank 0 only) because Ray Train v2 returns to the driver only metrics attached to
-    one."""
-    import tempfile
+    def host_work(self, step: int) -> Any:
+        """This host's own part of a step: its batch, and the faults injected here."""
+        self.where = "host work"
+        local = self.data.batch(data_index(step, self.skipped), self.local_batch)
+        for fault in self.plan.at(step, self.me, self.hosts):
+            self.plan = self.plan.without([str(fault)])  # once: a rollback replays the step
+            local = self.plan.apply(
+                fault,
+                fast_dir=self.fast_dir,
+                batch=local,
+                announce=self.announce,
+                grace_s=self.good.preempt_grace_s,
+            )
+        for fault in self.plan.slow_at(step, self.me, self.hosts, self.host_name, self.slow_hosts):
+            if str(fault) not in self.slow_hosts:  # it fires: from now on it is this host's
+                self.announce(fault)
+                self.slow_hosts[str(fault)] = self.host_name
+            time.sleep(io.slow_delay())
+        return local
 
-    import ray.train
+    def announce(self, fault: FaultSpec) -> None:
+        io.announce(self.board, fault, self.host_name)
 
-    if not final:
-        ray.train.report(metrics)
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = None
-        if ray.train.get_context().get_world_rank() == 0:
-            Path(tmp, "summary.json").write_text(json.dumps(metrics), encoding="utf-8")
-            checkpoint = ray.train.Checkpoint.from_directory(tmp)
-        ray.train.report(metrics, checkpoint=checkpoint)
+    def event(
+        self, kind: str, step: int, host: str, action: str, detail: str = "", wait: bool = False
+    ) -> None:
+        io.post_event(self.board, kind, step, host, action, detail, wait)
 
+    def spike_detail(self, loss_value: float) -> str:
+        limit = self.spikes.threshold() or 0.0
+        return f"loss {loss_value:.3f} > {limit:.3f} (trend + {self.good.spike_k} x MAD)"
 
-def _quiet_worker_logs() -> None:
-    """Orbax logs every array it writes at INFO through absl; keep warnings only."""
-    import absl.logging
+    def spike_event(self, step: int, loss_value: float, action: str) -> None:
+        if self.me == 0:
+            self.event("loss_spike", step, "", action, self.spike_detail(loss_value))
 
-    absl.logging.set_verbosity(absl.logging.WARNING)
-    logging.getLogger("absl").setLevel(logging.WARNING)
-    storage.quiet_clients()
+    def rollback(self, step: int, loss_value: float) -> int:
+        """Back to the newest checkpoint of either tier, this step's batch left out from now on."""
+        detail = self.spike_detail(loss_value)
+        self.skipped.append(data_index(step, self.skipped))
+        self.board.skip_data.remote(self.skipped)
+        self.state, back, history = self.restore(step)
+        self.spikes = self.spike_detector(history)
+        if self.me == 0:
+            self.event("loss_spike", step, "", f"rollback to step {back.step}", detail)
+        self.watchdog.beat(back.step)
+        return back.step
+
+    def slow_host(self, done: int, seconds: float, host_s: list[float]) -> None:
+        """Name a slow host; policy ``restart`` with a spare slice: save, then every worker
+        raises :class:`SlowHostMove` (the driver holds the slow slice and restarts)."""
+        flagged = self.slow.observe(seconds, host_s)
+        moving = self.good.slow_policy == "restart"
+        if moving:  # every host acts on rank 0's view: the move is collective
+            flagged = io.from_rank0(flagged)
+        if flagged is None:
+            return
+        detail = (
+            f"step {seconds:.2f} s vs baseline {self.slow.baseline or 0.0:.2f} s; own time "
+            f"{host_s[flagged]:.2f} s of {' '.join(f'{x:.2f}' for x in host_s)}"
+        )
+        if moving:
+            self.where = "spare-slice check"
+            self.watchdog.expect(io.spare_check_bound_s())
+        if moving and io.spare_slice(self.config["shape"], self.me):
+            self.move_off(done, flagged, detail)
+        if self.me == flagged:
+            self.event(
+                "slow_host", done, self.host_name, "warned (no spare slice to move to)", detail
+            )
+
+    def move_off(self, done: int, flagged: int, detail: str) -> None:
+        """A durable checkpoint (the new slice has no fast tier of ours), then the move."""
+        from jax.experimental import multihost_utils
+
+        self.where = "checkpoint"
+        self.watchdog.expect(self.good.checkpoint_timeout_s)
+        self.save_durable(done, wait=True)
+        if self.me == flagged:
+            self.event("slow_host", done, self.host_name, gp.MOVE_ACTION, detail, wait=True)
+        multihost_utils.sync_global_devices("raytpu-slow-host-move")
+        raise SlowHostMove(f"host of process {flagged} is slow at step {done}: {detail}")
+
+    def progress(self, done: int, seconds: float, loss_value: float) -> None:
+        if self.show_progress:
+            rate = self.tokens_per_step / seconds
+            self.board.post.remote(TrainProgress(done, self.run_cfg.steps, loss_value, rate))
+        self.meter.step(seconds, loss_value)
+        if self.me == 0:
+            logger.info("[train] step %d/%d loss %.4f", done, self.run_cfg.steps, loss_value)
+
+    # ------------------------------------------------------------------------------ checkpoint
+    def checkpoint(self, done: int) -> None:
+        """The fast tier every ``fast_every`` steps, the durable one every ``checkpoint_every``
+        and at the end; the last durable save's time, once it finished."""
+        from workloads.training import checkpoint_tiers as tiers
+
+        self.where = "checkpoint"
+        self.watchdog.expect(self.good.checkpoint_timeout_s)
+        fast_every = self.good.fast_every
+        if fast_every and done % fast_every == 0:
+            saved = time.monotonic()
+            meta = {"spike_window": list(self.spikes.losses)}
+            tiers.save_fast(self.fast_dir, done, self.state, meta)
+            self.save_s = time.monotonic() - saved
+        if self.durable_due(done):
+            self.durable_began = time.monotonic()
+            self.save_durable(done)
+        if self.durable_began is not None and not self.manager.is_saving_in_progress():
+            self.durable_s, self.durable_began = time.monotonic() - self.durable_began, None
+        self.watchdog.beat(done)
+
+    def durable_due(self, done: int) -> bool:
+        return done % self.run_cfg.checkpoint_every == 0 or done == self.run_cfg.steps
+
+    def save_durable(self, done: int, *, wait: bool = False) -> None:
+        from workloads.model.checkpoint import save_state
+
+        with self.meter.checkpoint("save"):
+            save_state(self.manager, done, self.state, self.family)
+            if wait:
+                self.manager.wait_until_finished()
+
+    def preemption(self, done: int) -> None:
+        """On Ray Train's preemption notice: one emergency durable save if it fits before the
+        deadline (rank 0's decision, on every host: the save is collective), then train on."""
+        import numpy as np
+        import ray.train as ray_train
+        from jax.experimental import multihost_utils
+
+        from workloads.model.checkpoint import save_state
+
+        checks = not self.notice_handled and done % self.good.preempt_check_every == 0
+        notice = ray_train.get_preemption_info() if checks else None
+        if notice is None:
+            return
+        self.notice_handled = True
+        mine = self.my_node in notice.preempted_node_to_ranks  # the drained host says so
+        left = gp.seconds_left(notice.deadline_ms, self.good.preempt_grace_s, time.time())
+        fits = bool(multihost_utils.broadcast_one_to_all(np.asarray(self.durable_s < left)))
+        if fits and mine:  # said first: the host may go before the save ends
+            started = f"emergency durable checkpoint at step {done} started"
+            self.event(
+                "preemption", done, self.host_name, f"{started}, {left:.1f} s left", wait=True
+            )
+        if fits:
+            saved = time.monotonic()
+            with self.meter.checkpoint("save"):
+                if not self.durable_due(done):  # not saved yet
+                    save_state(self.manager, done, self.state, self.family)
+                self.manager.wait_until_finished()
+            action = (
+                f"emergency durable checkpoint at step {done} "
+                f"({time.monotonic() - saved:.1f} s, {left:.1f} s before the deadline)"
+            )
+        else:
+            action = (
+                f"no emergency checkpoint: a durable save took {self.durable_s:.1f} s, "
+                f"{left:.1f} s left"
+            )
+        if mine:
+            self.event("preemption", done, self.host_name, action, wait=True)
+
+    # ------------------------------------------------------------------------------ hang
+    def on_hang(self, step: int, waited: float, limit: float) -> None:
+        """The watchdog's end: stacks to the board, the event (naming this host unless it
+        waited in a collective), and the process exits (the driver restarts the run)."""
+        path = gp.dump_stacks(Path("raytpu-stacks"), f"{self.host_name.replace('/', '-')}.txt")
+        self.board.stacks.remote(self.host_name, path.read_text(encoding="utf-8"))
+        culprit = self.where != "collective"
+        detail = f"no step for {waited:.1f} s > {limit:.1f} s; this host was in {self.where}"
+        self.event("hang", step, self.host_name if culprit else "", "restart", detail)
+        time.sleep(2.0)  # the board calls go out; the peers' watchdogs dump their stacks too
+        os._exit(HANG_EXIT_CODE)
+
+    # ------------------------------------------------------------------------------ report
+    def summary(self) -> dict[str, Any]:
+        """The final report's metrics (a collective for sharded parameters: every host)."""
+        import jax
+
+        from workloads.model.byte_lm import params_digest
+
+        losses, steps = self.losses, self.run_cfg.steps
+        summary = {
+            "step": max(self.resumed_from, steps),
+            "loss": losses[-1] if losses else float("nan"),
+            "first_loss": losses[0] if losses else float("nan"),
+            "losses": losses,
+            "resumed_from": self.resumed_from,
+            "restored_tier": self.restored_tier,
+            "process_count": self.hosts,
+            "device_count": jax.device_count(),
+            "local_device_count": jax.local_device_count(),
+            "latest_checkpoint": int(self.manager.latest_step() or 0),
+            "params_digest": params_digest(self.state.params),
+            "seconds": time.monotonic() - self.began,
+            "fast_save_s": self.save_s,
+        }
+        if self.config.get("scale"):
+            summary["scale"] = multislice.scale_report(
+                self.family, self.mesh, self.megascale, self.state, self.data
+            )
+        return summary
