@@ -279,8 +279,6 @@ LONG_FUNCTIONS = {
     "infra.config.stack.parse_config",
     "infra.program.declare",
     "workloads.slices.reservation.reserve_slices",
-    "workloads.training.driver.run_training",
-    "workloads.training.worker_loop.train_loop_per_worker",
 }
 
 
