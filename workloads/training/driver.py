@@ -352,11 +352,20 @@ def _trainer(
             storage_filesystem=plan.filesystem,
             # This loop restarts (a capacity check, the faults not yet fired, the event
             # account): Ray Train retries nothing itself, preemptions included.
-            failure_config=ray.train.FailureConfig(
-                max_failures=0, controller_failure_limit=0, max_preemption_failures=0
-            ),
+            failure_config=_no_retries(ray.train.FailureConfig),
         ),
     )
+
+
+def _no_retries(failure_config: Any) -> Any:
+    """Ray Train's ``FailureConfig`` that retries nothing: ``max_preemption_failures`` exists
+    from Ray 2.58 on (before it, a preempted attempt counts against ``max_failures``, also 0)."""
+    import inspect
+
+    kwargs = {"max_failures": 0, "controller_failure_limit": 0}
+    if "max_preemption_failures" in inspect.signature(failure_config).parameters:
+        kwargs["max_preemption_failures"] = 0
+    return failure_config(**kwargs)
 
 
 def _fit(plan: RunPlan, trainer: Any) -> Any:
