@@ -111,16 +111,21 @@ def test_greedy_sampling_is_deterministic_and_temperature_draws(families):
     import jax
     import numpy as np
 
-    from workloads.model.family import Sampler, pick
+    from workloads.serving.engine.decode import pick
+    from workloads.serving.engine.sampler import Sampler
 
     family = families["preset"]
     sampler = Sampler(family, family.init(jax.random.PRNGKey(2)).params, 16)
     first = sampler.complete("Once upon", 6, 0.0, seed=1)
     assert first == sampler.complete("Once upon", 6, 0.0, seed=2)
     assert len(family.encode(first)) >= 1
-    logits = np.asarray([0.0, 5.0, 1.0])
-    assert pick(logits, 0.0, np.random.default_rng(0)) == 1
-    drawn = {pick(logits, 100.0, np.random.default_rng(s)) for s in range(40)}
+    logits = np.asarray([[0.0, 5.0, 1.0]], np.float32)
+
+    def draw(temperature: float, seed: int) -> int:
+        return int(pick(logits, np.asarray([temperature], np.float32), jax.random.PRNGKey(seed))[0])
+
+    assert draw(0.0, 0) == 1
+    drawn = {draw(100.0, s) for s in range(40)}
     assert drawn == {0, 1, 2}
 
 

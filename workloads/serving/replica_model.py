@@ -1,6 +1,6 @@
 """What a Serve replica decodes with: the checkpoint's model family, and for it the byte LM's
 KV-cached engine (:mod:`workloads.serving.engine`, prefix cache included) or a preset's
-:class:`workloads.model.family.Sampler` (the family's decode step, no KV cache).
+:class:`workloads.serving.engine.sampler.Sampler` (the family's decode step, no KV cache).
 
 jax is imported inside: the driver imports :mod:`workloads.serving.app` without it.
 """
@@ -35,7 +35,8 @@ def load_replica_model(
     cache is sized and whether every bucket is compiled now."""
     from workloads.model import byte_lm as model
     from workloads.model.checkpoint import restore_params
-    from workloads.model.family import ByteLM, Sampler
+    from workloads.model.family import ByteLM
+    from workloads.serving.engine.sampler import Sampler
 
     params, family, step = restore_params(checkpoint_dir, sharding=model.replicated(mesh))
     if family.name != ByteLM.name:  # a preset: the family's decode step over its window
