@@ -59,12 +59,6 @@ def spare_check_bound_s() -> float:
     return SPARE_CHECK_TIMEOUT_S + SETTLE_S + 1.0
 
 
-def slow_delay() -> float:
-    from workloads.training.faults import SLOW_HOST_DELAY_S
-
-    return SLOW_HOST_DELAY_S
-
-
 def announce(board: Any, fault: Any, host: str) -> None:
     """Tell the driver a fault fires (and wait for it: the process may die right after)."""
     import ray

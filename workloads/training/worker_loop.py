@@ -37,7 +37,7 @@ from workloads.training import goodput as gp
 from workloads.training import multislice
 from workloads.training import worker_io as io
 from workloads.training.config import TrainConfig, TrainProgress
-from workloads.training.faults import FaultPlan, FaultSpec
+from workloads.training.faults import SLOW_HOST_DELAY_S, FaultPlan, FaultSpec
 
 logger = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ class WorkerLoop:
             if str(fault) not in self.slow_hosts:  # it fires: from now on it is this host's
                 self.announce(fault)
                 self.slow_hosts[str(fault)] = self.host_name
-            time.sleep(io.slow_delay())
+            time.sleep(SLOW_HOST_DELAY_S)
         return local
 
     def announce(self, fault: FaultSpec) -> None:
