@@ -23,7 +23,9 @@ subprocesses, which all inherit it) see it. A value already set in the environme
   copy beside the repository (``../shared/<set>/crds``) when there is one. The code path is the
   one users run; only the folder differs.
 
-And the order of the modules (:func:`pytest_collection_modifyitems`): the longest first, so that
+And two marks: ``@pytest.mark.crds("gmp", ...)`` skips a test, naming the sets and how to get
+them, where those CRD sets are absent (a clone with no ``../shared``, no ``raytpu crds fetch``);
+with no argument, every set. And the order of the modules (:func:`pytest_collection_modifyitems`): the longest first, so that
 ``make test``'s two xdist workers (``--dist loadfile --no-loadscope-reorder``) end together.
 """
 
@@ -69,6 +71,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if cache:
         shutil.rmtree(cache, ignore_errors=True)
     _SET.clear()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marker = item.get_closest_marker("crds")
+    if marker is None:
+        return
+    from raytpu_cli.crds import SETS
+
+    wanted = [s for s in SETS if not marker.args or s.pin.name in marker.args]
+    absent = [s for s in wanted if s.missing()]
+    if absent:
+        how = ", ".join(f"${s.env_var}" for s in absent)
+        names = ", ".join(s.pin.name for s in absent)
+        pytest.skip(
+            f"CRD set(s) {names} absent: schema check NOT run (raytpu crds fetch, or {how})"
+        )
 
 
 LONGEST_FIRST = (

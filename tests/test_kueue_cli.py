@@ -104,7 +104,15 @@ def test_submit_queue_writes_a_queued_rayjob(
     assert (labels[kueue.QUEUE_LABEL], labels[kueue.PRIORITY_LABEL]) == (queue, priority)
     assert manifest["metadata"]["namespace"] == queue
     assert manifest["spec"]["shutdownAfterJobFinishes"] is True
-    assert crds.validate_object(manifest) == []
+
+
+@pytest.mark.crds("kuberay")
+@pytest.mark.parametrize("argv", [a for a, _, _ in SUBMITS.values()], ids=SUBMITS)
+def test_submit_queue_rayjob_passes_the_kuberay_crd(
+    project: Path, capsys: pytest.CaptureFixture, argv: list[str]
+) -> None:
+    assert main(["submit", "--stack", "teams", "--cwd", str(project), *argv]) == 0
+    assert crds.validate_object(yaml.safe_load(capsys.readouterr().out)) == []
 
 
 BAD_SUBMITS = {

@@ -158,6 +158,7 @@ def test_team_objects_carry_queue_and_priority(
     assert obj.props["spec"].get("enableInTreeAutoscaling", False) is False
 
 
+@pytest.mark.crds("kueue")
 def test_every_kueue_object_is_valid_against_the_crds(run: ProgramRun) -> None:
     declared = [r for r in run.resources if r.type.startswith(KUEUE_TYPE)]
     assert len(declared) == 4 + 3 + 3 + 4
@@ -192,6 +193,7 @@ CRD_PROBLEMS = {
 }
 
 
+@pytest.mark.crds("kueue")
 @pytest.mark.parametrize(("break_it", "message"), CRD_PROBLEMS.values(), ids=CRD_PROBLEMS)
 def test_kueue_crd_check_refuses_bad_objects(stack: StackConfig, break_it, message: str) -> None:
     from infra.manifests import kueue as kueue_spec

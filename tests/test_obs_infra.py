@@ -40,7 +40,6 @@ def test_every_ray_namespace_is_scraped(runs: dict[str, ProgramRun], stack: str)
         spec = resource.props["spec"]
         assert spec["selector"] == {"matchLabels": {"ray.io/is-ray-node": "yes"}}
         assert spec["endpoints"] == [{"port": 8080.0, "path": "/metrics", "interval": "30s"}]
-        assert gmp_crds.validate_object(_manifest(resource.props)) == []
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=STACKS)
@@ -51,7 +50,15 @@ def test_alert_rules_per_namespace(runs: dict[str, ProgramRun], stack: str) -> N
         (group,) = resource.props["spec"]["groups"]
         assert [r["alert"] for r in group["rules"]] == [a.name for a in monitoring_rules.ALERTS]
         assert [r["expr"] for r in group["rules"]] == [a.expr for a in monitoring_rules.ALERTS]
-        assert gmp_crds.validate_object(_manifest(resource.props)) == []
+
+
+@pytest.mark.crds("gmp")
+@pytest.mark.parametrize("stack", STACKS, ids=STACKS)
+def test_monitoring_objects_pass_the_gmp_crds(runs: dict[str, ProgramRun], stack: str) -> None:
+    declared = runs[stack].of_type(POD_MONITORING) + runs[stack].of_type(RULES)
+    assert len(declared) == 2 * len(load_stack(stack).namespaces)
+    for resource in declared:
+        assert gmp_crds.validate_object(_manifest(resource.props)) == [], resource.name
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=STACKS)
@@ -82,6 +89,7 @@ CRD_PROBLEMS = {
 }
 
 
+@pytest.mark.crds("gmp")
 @pytest.mark.parametrize(("break_it", "message"), CRD_PROBLEMS.values(), ids=CRD_PROBLEMS.keys())
 def test_gmp_validation_refuses_bad_objects(
     break_it: Callable[[dict], object], message: str
