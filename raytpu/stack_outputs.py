@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raytpu import catalog, entrypoints, inputs
+from raytpu import catalog, entrypoints, inputs, project
+from raytpu.errors import invalid
 from raytpu.ray_names import DASHBOARD_PORT, SERVE_PORT
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "StackOutputs",
     "StackOutputsError",
     "fetch_outputs",
+    "load_outputs",
     "parse_outputs",
     "read_outputs_file",
 ]
@@ -165,6 +167,18 @@ class StackOutputs:
                 f"valid: {_names(self.ray_services)}"
             )
         return self.ray_services[name]
+
+    def head(self, name: str | None = None) -> RayHead:
+        """The Ray head called ``name``, a RayCluster or a RayService; with no name, the first
+        RayCluster, else the first RayService (what ``dashboard`` and ``status`` open)."""
+        heads = {**self.ray_services, **self.ray_clusters}
+        if not heads:
+            raise StackOutputsError(f"stack {self.stack!r} declares no RayCluster or RayService")
+        if name is None:
+            return next(iter(self.ray_clusters.values() or heads.values()))
+        if name not in heads:
+            raise StackOutputsError(invalid("--cluster", name, sorted(heads)))
+        return heads[name]
 
     def clusters_on_slice(self, slice_name: str) -> list[RayHead]:
         self.slice(slice_name)
@@ -341,6 +355,20 @@ def read_outputs_file(path: Path, stack: str) -> StackOutputs:
             f"--outputs: {error}; valid: the output of `pulumi stack output --json --stack {stack}`"
         ) from None
     return parse_outputs(raw, stack)
+
+
+def load_outputs(
+    stack: str, outputs_file: Path | None = None, cwd: Path | None = None
+) -> StackOutputs:
+    """The outputs of ``stack``: from ``outputs_file`` (``--outputs``) when given, else from
+    ``pulumi stack output`` run in the Pulumi project found from ``cwd`` (default: here)."""
+    if outputs_file is not None:
+        return read_outputs_file(outputs_file, stack)
+    try:
+        folder = project.find_project(cwd)
+    except project.ProjectError as error:
+        raise StackOutputsError(str(error)) from None
+    return fetch_outputs(stack, cwd=folder)
 
 
 def fetch_outputs(

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from raytpu import errors, stack_outputs
-from raytpu.stack_outputs import RayHead, StackOutputs, StackOutputsError
+from raytpu.stack_outputs import RayHead, StackOutputsError
 from raytpu_cli import failure
 
 START_TIMEOUT_S = 20.0
@@ -45,19 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--duration", type=float, default=3600.0, help="close the tunnel after this many seconds"
     )
     parser.add_argument("--kubectl", default="kubectl", help=argparse.SUPPRESS)
-
-
-def choose_head(outputs: StackOutputs, name: str | None) -> RayHead:
-    heads = {**outputs.ray_services, **outputs.ray_clusters}
-    if not heads:
-        raise StackOutputsError(f"stack {outputs.stack!r} declares no RayCluster or RayService")
-    if name is None:
-        return next(iter(outputs.ray_clusters.values() or heads.values()))
-    if name not in heads:
-        raise StackOutputsError(
-            f"--cluster: {name!r} is not valid; valid: {', '.join(sorted(heads))}"
-        )
-    return heads[name]
 
 
 def command(kubectl: str, head: RayHead, local_port: int) -> list[str]:
@@ -166,11 +153,8 @@ def run(args: argparse.Namespace) -> int:
     from workloads.sim.local_cluster import free_port
 
     try:
-        if args.outputs is not None:
-            outputs = stack_outputs.read_outputs_file(args.outputs, args.stack)
-        else:
-            outputs = stack_outputs.fetch_outputs(args.stack)
-        head = choose_head(outputs, args.cluster)
+        outputs = stack_outputs.load_outputs(args.stack, args.outputs, args.cwd)
+        head = outputs.head(args.cluster)
     except StackOutputsError as error:
         return failure.report(error)
     port = args.port or free_port()

@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "open a stack's Ray Dashboard through kubectl port-forward",
     ),
 }
-READS_PROJECT = ("preview", "submit", "demo", "train", "serve", "quota")
+READS_PROJECT = ("preview", "submit", "demo", "train", "serve", "quota", "dashboard", "status")
 """Commands that read the Pulumi project of the current directory (or of --cwd)."""
 
 

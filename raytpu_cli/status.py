@@ -260,11 +260,7 @@ def run(args: argparse.Namespace) -> int:
     import requests
 
     try:
-        if args.outputs is not None:
-            outputs = stack_outputs.read_outputs_file(args.outputs, args.stack)
-        else:
-            outputs = stack_outputs.fetch_outputs(args.stack)
-        head = dashboard.choose_head(outputs, args.cluster)
+        head = stack_outputs.load_outputs(args.stack, args.outputs, args.cwd).head(args.cluster)
     except StackOutputsError as error:
         return failure.report(error)
     try:

@@ -23,8 +23,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from raytpu import entrypoints, project, stack_outputs
-from raytpu.stack_outputs import StackOutputs, StackOutputsError
+from raytpu import entrypoints, stack_outputs
+from raytpu.stack_outputs import StackOutputsError
 from raytpu_cli import failure, queued_job
 from raytpu_cli.jobs import (
     DEFAULT_ADDRESS,
@@ -96,16 +96,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load_outputs(args: argparse.Namespace) -> StackOutputs:
-    if args.outputs is not None:
-        return stack_outputs.read_outputs_file(args.outputs, args.stack)
-    try:
-        folder = project.find_project(getattr(args, "cwd", None))
-    except project.ProjectError as error:
-        raise StackOutputsError(str(error)) from None
-    return stack_outputs.fetch_outputs(args.stack, cwd=folder)
-
-
 def parse_env(pairs: Sequence[str]) -> dict[str, str]:
     """``["K=V", ...]`` from ``--env``; ``ValueError`` naming the bad pair."""
     env: dict[str, str] = {}
@@ -140,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     workload = "command" if raw else job[0]
     try:
-        outputs = _load_outputs(args)
+        outputs = stack_outputs.load_outputs(args.stack, args.outputs, args.cwd)
         service = serving_service(outputs, workload, args.cluster, args.slice_name)
         if service is not None:
             print(_service_message(service, cluster_hint=outputs))

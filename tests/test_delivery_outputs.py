@@ -222,6 +222,32 @@ def test_choose_head_errors(good: dict[str, Any], kwargs: dict[str, Any], messag
     assert message in str(error.value)
 
 
+HEADS = [
+    ("first-raycluster", None, ("RayCluster", "train")),
+    ("a-raycluster", "big", ("RayCluster", "big")),
+    ("a-rayservice", "serve", ("RayService", "serve")),
+]
+
+
+@pytest.mark.parametrize(("name", "expected"), [h[1:] for h in HEADS], ids=[h[0] for h in HEADS])
+def test_head_opened_by_dashboard_and_status(
+    good: dict[str, Any], name: str | None, expected: tuple[str, str]
+) -> None:
+    head = parse_outputs(good, "prod").head(name)
+    assert (head.kind, head.name) == expected
+
+
+def test_head_lists_every_head_when_unknown(good: dict[str, Any]) -> None:
+    with pytest.raises(StackOutputsError) as error:
+        parse_outputs(good, "prod").head("nope")
+    assert str(error.value) == "--cluster: 'nope' is not valid; valid: big, serve, train"
+
+
+def test_services_only_stack_opens_its_rayservice(good: dict[str, Any]) -> None:
+    good["rayClusters"] = {}
+    assert parse_outputs(good, "prod").head().name == "serve"
+
+
 def test_serve_points_at_the_rayservice(
     good: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
