@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from raytpu import errors, stack_outputs
+from raytpu import errors, processes, stack_outputs
 from raytpu.stack_outputs import RayHead, StackOutputsError
 from raytpu_cli import failure
 
@@ -92,13 +92,7 @@ def tunnel(
                 )
         yield process
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
+        processes.stop([process])
 
 
 HOP_HEADERS = frozenset(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
+
+from raytpu import processes
 
 RAY = Path(sys.executable).with_name("ray")
 START_TIMEOUT_S = 120.0
@@ -113,7 +114,7 @@ class LocalRay:
                 self._wait(lambda: self.alive_nodes() >= wanted, timeout_s, "node alive")
                 return
             except RayNodesError:
-                _stop([process])
+                processes.stop([process], timeout_s=STOP_TIMEOUT_S, group=True)
                 self.processes.remove((process, log))
                 if attempt == ATTEMPTS:
                     raise
@@ -144,21 +145,7 @@ class LocalRay:
 
     def stop(self) -> None:
         """Stop every node started here."""
-        _stop([p for p, _ in self.processes])
-
-
-def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM the process groups started here, all at once; SIGKILL them after a bound."""
-    running = [p for p in processes if p.poll() is None]
-    for process in running:
-        os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    for process in running:
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        processes.stop([p for p, _ in self.processes], timeout_s=STOP_TIMEOUT_S, group=True)
 
 
 def _agent_port_args() -> list[str]:

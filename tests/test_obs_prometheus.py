@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -30,7 +29,7 @@ from upstream_stub import upstream_stub
 
 from infra.config import load_stack
 from infra.manifests import dashboards, monitoring_rules
-from raytpu import errors
+from raytpu import errors, processes
 from raytpu import metric_names as mn
 from raytpu_cli import failure
 from raytpu_cli.common import post_json
@@ -91,13 +90,7 @@ class Prometheus:
         return reply["data"]["result"]
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+        processes.stop([self.process], timeout_s=10, group=True)
         self.log.close()
 
 

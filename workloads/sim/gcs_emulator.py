@@ -29,6 +29,8 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from raytpu import processes
+
 EMULATOR_ENV_VARS = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")
 """What points gcsfs / google-cloud-storage and tensorstore at an emulator instead of GCS."""
 START_TIMEOUT_S = 20.0
@@ -169,12 +171,7 @@ class GcsEmulator:
         self._saved_env.clear()
         process, self._process = self._process, None
         if process is not None:
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
+            processes.stop([process])
         root, self._root = self._root, None
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
