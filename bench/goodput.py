@@ -59,7 +59,8 @@ def run(
     from raytpu_cli.common import SliceChoice
     from workloads.sim.gcs_emulator import GcsEmulator
     from workloads.sim.local_cluster import LocalSliceCluster
-    from workloads.training.driver import TrainConfig, run_training
+    from workloads.training.config import TrainConfig
+    from workloads.training.driver import run_training
     from workloads.training.goodput import GoodputConfig
 
     shape = catalog.shape("v6e", "2x4", machine_type="ct6e-standard-4t")

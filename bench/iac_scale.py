@@ -116,7 +116,7 @@ def time_preview(slices: int, repeats: int) -> tuple[list[float], int]:
 
 def measure_size(slices: int, repeats: int) -> dict[str, Any]:
     """All measurements for one size, in this process (run it in a fresh one)."""
-    from infra.config import parse_config
+    from infra.config.stack import parse_config
     from infra.offline import run_program
     from policies.pack import evaluate
 

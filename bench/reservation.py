@@ -41,7 +41,7 @@ def bench_shape() -> catalog.SliceShape:
 
 
 def slice_config(shape: catalog.SliceShape, count: int) -> Any:
-    from infra.config import SliceConfig
+    from infra.config.schema import SliceConfig
 
     return SliceConfig(
         name="bench",

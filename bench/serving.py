@@ -289,7 +289,7 @@ def run(
 
 
 def _serve_slice(shape: catalog.SliceShape) -> Any:
-    from infra.config import SliceConfig
+    from infra.config.schema import SliceConfig
 
     return SliceConfig(
         name="serve",

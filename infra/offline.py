@@ -18,7 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.config import StackConfig, load_stack, project_root
+from infra.config.schema import StackConfig
+from infra.config.stack import load_stack, project_root
 
 __all__ = [
     "DeclaredResource",

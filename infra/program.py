@@ -29,7 +29,7 @@ from infra.components.kueue import Kueue, KueueArgs
 from infra.components.monitoring import Monitoring, MonitoringArgs
 from infra.components.ray_object import RayObject, RayObjectArgs
 from infra.components.tpu_slice import TpuSlice, TpuSliceArgs
-from infra.config import StackConfig
+from infra.config.schema import StackConfig
 from infra.config.teams import team_of
 from infra.manifests.ray_kinds import RAY_KINDS
 

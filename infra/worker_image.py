@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from infra.config import ConfigError, load_stack
+from infra.config.schema import ConfigError
+from infra.config.stack import load_stack
 from raytpu.ray_versions import VLLM_TPU_FOR_RAY
 
 

@@ -152,7 +152,7 @@ def load_stack_config(
 ) -> Any:
     """The validated ``StackConfig`` of ``args.stack`` in the project of ``--cwd`` (or in
     ``folder``, taken as is); says on stderr which file it read. Raises UsageError/ConfigError."""
-    from infra.config import load_stack_file
+    from infra.config.stack import load_stack_file
 
     where = folder if folder is not None else project_dir(args)
     try:

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 from raytpu.table import format_table
 from raytpu_cli.common import HttpReply, SliceChoice, UsageError, describe_hosts, post_json
 from raytpu_cli.console import RunConsole
-from workloads.training.driver import TrainConfig, TrainingError, TrainProgress, TrainResult
+from workloads.training.config import TrainConfig, TrainProgress, TrainResult
+from workloads.training.driver import TrainingError
 
 if TYPE_CHECKING:
     from workloads.sim.local_cluster import LocalSliceCluster

@@ -147,7 +147,7 @@ def _declare(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any], str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infra.config import ConfigError
+    from infra.config.schema import ConfigError
     from policies import report
     from policies.pack import PolicyConfigError, evaluate
     from raytpu import catalog

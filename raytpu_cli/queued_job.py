@@ -32,9 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, job: list[str], raw: bool) -> int:
-    from infra.config import ConfigError
     from infra.config.ray_objects import parse_ray_job
     from infra.config.reader import Problems
+    from infra.config.schema import ConfigError
     from infra.config.teams import check_team_objects
     from infra.manifests.rayjob import ray_job_object
     from raytpu_cli.common import UsageError, load_stack_config

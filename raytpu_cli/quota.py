@@ -54,7 +54,7 @@ def _limit(value: int | None, cohort: str | None, unlimited: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infra.config import ConfigError
+    from infra.config.schema import ConfigError
     from infra.manifests.kueue import quota_rows
     from raytpu import catalog
     from raytpu.table import format_table

@@ -93,7 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workloads.training.driver import TrainConfig, TrainingError, run_training
+    from workloads.training.config import TrainConfig
+    from workloads.training.driver import TrainingError, run_training
     from workloads.training.faults import check_hosts, parse_faults
     from workloads.training.goodput import GoodputConfig
 

@@ -57,7 +57,7 @@ def test_summarize_and_json_round_trip(tmp_path):
 
 @pytest.mark.parametrize("slices", [1, 8, 64], ids=["1-slice", "8-slices", "64-slices"])
 def test_synthetic_stack_is_valid(slices):
-    from infra.config import parse_config
+    from infra.config.stack import parse_config
 
     config = parse_config(iac_scale.synthetic_config(slices))
     assert len(config.slices) == slices

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.config import ConfigError, StackConfig, load_stack_file, parse_config
+from infra.config.schema import ConfigError, StackConfig
+from infra.config.stack import load_stack_file, parse_config
 from infra.offline import DeclaredResource, ProgramRun, run_program_detailed
 from policies.pack import evaluate
 from policies.rules.dashboard_iap import check_dashboard_ingress

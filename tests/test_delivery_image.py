@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import load_stack
+from infra.config.stack import load_stack
 from raytpu import entrypoints
 from raytpu.ray_versions import VLLM_PYTHON, VLLM_TPU_FOR_RAY, is_stock_ray_image
 
@@ -157,7 +157,7 @@ def test_worker_image_cli_names_the_vllm_image_when_a_service_serves_with_vllm(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from infra import worker_image
-    from infra.config import parse_config
+    from infra.config.stack import parse_config
 
     raw = yaml.safe_load((REPO / "Pulumi.dev.yaml").read_text())["config"]
     assert worker_image.main(["dev", "--tag", "abc"]) == 0

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.config import ConfigError, parse_config
+from infra.config.schema import ConfigError
+from infra.config.stack import parse_config
 from infra.manifests import kuberay
 from infra.manifests import rayjob as rayjob_spec
 from infra.offline import run_program

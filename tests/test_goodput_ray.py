@@ -73,7 +73,7 @@ def _config(
     checkpoint_every: int = 20,
     **goodput,
 ):
-    from workloads.training.driver import TrainConfig
+    from workloads.training.config import TrainConfig
 
     return TrainConfig(
         checkpoint_dir=f"gs://{BUCKET}/{run}",
@@ -139,7 +139,8 @@ PRESET_STEPS = 8
 def preset_run(cluster, logs):
     """The tiny preset: host 1 killed at step 3, host 1 hung at step 6 (fast tier every 2)."""
     from raytpu.presets import MeshConfig, ScaleConfig
-    from workloads.training.driver import TrainConfig, run_training
+    from workloads.training.config import TrainConfig
+    from workloads.training.driver import run_training
 
     goodput = GoodputConfig(
         fast_every=2, hang_floor_s=HANG_FLOOR_S, startup_timeout_s=120.0, spike_k=100.0,

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.config import ConfigError, StackConfig, load_stack, parse_config
 from infra.config.image import git_image_tag
+from infra.config.schema import ConfigError, StackConfig
+from infra.config.stack import load_stack, parse_config
 from infra.offline import run_entrypoint
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.config import load_stack
+from infra.config.stack import load_stack
 from infra.manifests import kuberay, ray_kinds
 from infra.offline import ProgramRun, run_program_detailed
 from raytpu import crds

@@ -8,7 +8,7 @@ import math
 import pytest
 import yaml
 
-from infra.config import WorkerResources
+from infra.config.schema import WorkerResources
 from infra.manifests import kuberay
 from raytpu import catalog, crds
 
@@ -71,7 +71,7 @@ def test_bad_replica_bounds(replicas: int, low: int | None, high: int | None) ->
 
 
 def test_serve_config_is_yaml_text_with_the_import_path() -> None:
-    from infra.config import load_stack
+    from infra.config.stack import load_stack
 
     config = load_stack("dev")
     text = kuberay.serve_config_v2(config, config.ray_services[0])

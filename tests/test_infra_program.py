@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.config import load_stack, parse_config
+from infra.config.stack import load_stack, parse_config
 from infra.offline import DeclaredResource, ProgramRun, run_program_detailed, run_stack
 
 REPO = Path(__file__).resolve().parents[1]

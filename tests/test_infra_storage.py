@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.config import ConfigError, load_stack, parse_config
 from infra.config.image import git_image_tag
+from infra.config.schema import ConfigError
+from infra.config.stack import load_stack, parse_config
 from infra.manifests import kuberay
 from infra.offline import MOCK_PROJECT_NUMBER, ProgramRun, run_program_detailed
 from raytpu import entrypoints

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import load_stack_file
+from infra.config.stack import load_stack_file
 from infra.manifests.kueue import admission_queues
 from raytpu.admission import Cluster, ClusterQueue, Quota, Workload
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.config import ConfigError, parse_config
+from infra.config.schema import ConfigError
+from infra.config.stack import parse_config
 from infra.config.teams import team_of
 
 TEAMS_STACK = Path(__file__).parent / "data" / "Pulumi.teams.yaml"

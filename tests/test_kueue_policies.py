@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.config import parse_config
+from infra.config.stack import parse_config
 from infra.offline import DeclaredResource, run_program
 from policies.pack import evaluate
 from raytpu import kueue

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from infra.config import StackConfig, load_stack, load_stack_file
+from infra.config.schema import StackConfig
+from infra.config.stack import load_stack, load_stack_file
 from infra.offline import DeclaredResource, ProgramRun, run_program_detailed
 from raytpu import kueue
 

@@ -272,7 +272,6 @@ WALLS = [
 # The one module that only re-exports: the import path stack files, the Dockerfile and docs name.
 ALLOWED_SHIMS = {"workloads.serve"}
 # Facades left today; the set only shrinks (a stale entry fails too).
-PENDING_FACADES = {"infra.config", "workloads.training.driver"}
 MAX_FUNCTION_LINES = 120
 # Functions over the limit today; the list only shrinks (a stale entry fails too).
 LONG_FUNCTIONS = {
@@ -388,9 +387,6 @@ def _is_shim(path: Path) -> bool:
 
 @pytest.mark.parametrize("name", sorted(MODULES), ids=sorted(MODULES))
 def test_no_shim_and_no_reexport(name: str) -> None:
-    if name in PENDING_FACADES:
-        assert _is_shim(MODULES[name]) or _reexports(MODULES[name]), f"{name}: off PENDING_FACADES"
-        return
     if name in ALLOWED_SHIMS:
         assert _is_shim(MODULES[name]) and len(MODULES[name].read_text().splitlines()) <= 3
         return

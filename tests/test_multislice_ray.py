@@ -38,7 +38,8 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def runs(cluster):
-    from workloads.training.driver import TrainConfig, run_training
+    from workloads.training.config import TrainConfig
+    from workloads.training.driver import run_training
 
     config = TrainConfig(
         checkpoint_dir=RUN, steps=4, global_batch=16, checkpoint_every=4, log_every=4
@@ -108,7 +109,8 @@ SLOW_MODEL = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "seq_len":
 
 @pytest.fixture(scope="module")
 def moved(cluster, tmp_path_factory):
-    from workloads.training.driver import TrainConfig, run_training
+    from workloads.training.config import TrainConfig
+    from workloads.training.driver import run_training
     from workloads.training.goodput import GoodputConfig
 
     goodput = GoodputConfig(

@@ -9,7 +9,7 @@ import urllib.error
 import pytest
 import requests
 
-from infra.config import ConfigError
+from infra.config.schema import ConfigError
 from raytpu import errors
 from raytpu.catalog import CatalogError, shape
 from raytpu_cli import failure

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from infra.components import monitoring
-from infra.config import load_stack
+from infra.config.stack import load_stack
 from infra.manifests import dashboards, monitoring_rules
 from infra.offline import ProgramRun, run_program_detailed
 from raytpu import gmp_crds

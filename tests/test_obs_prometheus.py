@@ -27,7 +27,7 @@ import yaml
 from obs_tools import binary
 from upstream_stub import upstream_stub
 
-from infra.config import load_stack
+from infra.config.stack import load_stack
 from infra.manifests import dashboards, monitoring_rules
 from raytpu import errors, processes
 from raytpu import metric_names as mn
@@ -145,7 +145,8 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     from workloads.serving import app as serving
     from workloads.serving.fallback import FallbackConfig
     from workloads.slices.reservation import SliceReservationError, reserve_slices
-    from workloads.training.driver import TrainConfig, TrainingError, run_training
+    from workloads.training.config import TrainConfig
+    from workloads.training.driver import TrainingError, run_training
     from workloads.training.goodput import GoodputConfig
 
     workdir = tmp_path_factory.mktemp("obs")

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from infra import offline
-from infra.config import parse_config, project_root
+from infra.config.stack import parse_config, project_root
 from policies.pack import evaluate
 from raytpu_cli.main import main
 

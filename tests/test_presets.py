@@ -152,7 +152,8 @@ def nothing_reserved(monkeypatch):
 )
 def test_run_training_refuses_before_reserving(nothing_reserved, scale, slices, fragment):
     from raytpu.presets import ScaleConfig
-    from workloads.training.driver import TrainConfig, run_training
+    from workloads.training.config import TrainConfig
+    from workloads.training.driver import run_training
 
     v5e = catalog.shape("v5e", "2x4", machine_type="ct5lp-hightpu-4t")
     with pytest.raises(PresetError) as caught:

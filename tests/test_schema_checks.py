@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.config import load_stack_file
+from infra.config.stack import load_stack_file
 from infra.offline import DeclaredResource, run_program, run_stack
 from raytpu import crd_pins, crds, gmp_crds, k8s_schemas, kueue
 from raytpu_cli import crds as crds_command

@@ -11,7 +11,8 @@ import pytest
 import yaml
 from policies_factories import cluster_spec, ray_object, resource, tpu_group
 
-from infra.config import ConfigError, load_stack, parse_config
+from infra.config.schema import ConfigError
+from infra.config.stack import load_stack, parse_config
 from infra.offline import ProgramRun, run_program_detailed
 from policies.rules import security
 from raytpu import catalog

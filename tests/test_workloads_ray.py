@@ -154,7 +154,8 @@ def test_release_on_error_inside_block_then_both_slices_at_once(released):
 
 # ------------------------------------------------------------------------ training
 def test_training_no_slice_can_hold_fails_in_bounded_time(released, tmp_path):
-    from workloads.training.driver import TrainConfig, TrainingError, run_training
+    from workloads.training.config import TrainConfig
+    from workloads.training.driver import TrainingError, run_training
 
     began = time.monotonic()
     with pytest.raises(TrainingError) as caught:
@@ -172,7 +173,8 @@ def test_training_no_slice_can_hold_fails_in_bounded_time(released, tmp_path):
 def trained(cluster):
     """Two runs on a 2-host slice, both checkpointing to gs://: the first to step 4, the second
     resumes from it to step 8."""
-    from workloads.training.driver import TrainConfig, run_training
+    from workloads.training.config import TrainConfig
+    from workloads.training.driver import run_training
 
     first_config = TrainConfig(
         checkpoint_dir=RUN, steps=4, global_batch=16, checkpoint_every=4, log_every=4

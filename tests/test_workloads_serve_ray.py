@@ -34,7 +34,7 @@ def checkpoint(tmp_path_factory):
     from workloads.model import byte_lm as m
     from workloads.model.checkpoint import open_checkpoints, save_state
     from workloads.model.family import ByteLM
-    from workloads.training.driver import TrainConfig
+    from workloads.training.config import TrainConfig
 
     directory = tmp_path_factory.mktemp("serve") / "ck"
     cfg = m.ModelConfig.from_dict(TrainConfig(checkpoint_dir=str(directory)).model)

@@ -20,7 +20,7 @@ from workloads.serving.app import (
     parse_request,
 )
 from workloads.sim.local_cluster import LocalClusterError, LocalSliceCluster, host_specs
-from workloads.training.driver import TrainConfig
+from workloads.training.config import TrainConfig
 
 V6E_2X4_4T = shape("v6e", "2x4", machine_type="ct6e-standard-4t")
 V6E_2X2 = shape("v6e", "2x2")

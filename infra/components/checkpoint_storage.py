@@ -24,7 +24,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from infra.config import StorageConfig
+from infra.config.schema import StorageConfig
 
 OBJECT_ROLE = "roles/storage.objectUser"
 """Object create/read/list/delete (and multipart uploads) on the bucket; nothing on the bucket

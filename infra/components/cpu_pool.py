@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.config import CpuPoolConfig
+from infra.config.schema import CpuPoolConfig
 
 GCP_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 

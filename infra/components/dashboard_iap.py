@@ -24,7 +24,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from infra.components import custom_resource
-from infra.config import DashboardIapConfig
+from infra.config.schema import DashboardIapConfig
 from infra.manifests import dashboard_iap as spec
 from raytpu.gke_iap import IAP_ACCESSOR_ROLE
 

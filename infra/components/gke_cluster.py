@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.config import ClusterConfig
+from infra.config.schema import ClusterConfig
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.components import custom_resource
-from infra.config import StackConfig
+from infra.config.schema import StackConfig
 from infra.manifests import kueue as kueue_spec
 from raytpu import kueue
 

@@ -16,7 +16,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 
 from infra.components import custom_resource
-from infra.config import StackConfig
+from infra.config.schema import StackConfig
 from infra.manifests import ray_access, ray_auth
 from infra.manifests.ray_kinds import RayKind, RayObjectConfig
 

@@ -32,7 +32,7 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.config import SliceConfig
+from infra.config.schema import SliceConfig
 from raytpu.catalog import WORKLOAD_POLICY_TYPE
 
 GCP_SCOPE = "https://www.googleapis.com/auth/cloud-platform"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from infra.config import DashboardIapConfig
+from infra.config.schema import DashboardIapConfig
 from infra.manifests import kuberay, ray_access, ray_auth
 from raytpu import gke_iap
 from raytpu.ray_names import DASHBOARD_PORT

@@ -21,13 +21,13 @@ from typing import Any
 
 import yaml
 
-from infra.config import (
+from infra.config.schema import (
     RayClusterConfig,
     RayServiceConfig,
+    ServeFallbackConfig,
     StackConfig,
     WorkerResources,
 )
-from infra.config.schema import ServeFallbackConfig
 from infra.manifests import ray_auth
 from infra.manifests.kueue import workload_labels
 from infra.manifests.ray_access import RAY_OBJECT_LABEL

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from infra.config import RayClusterConfig, StackConfig
+from infra.config.schema import RayClusterConfig, StackConfig
 from infra.config.team_schema import TeamConfig, TeamQuota
 from infra.config.teams import team_of
 from raytpu import admission, kueue

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.config import SecurityConfig
+from infra.config.schema import SecurityConfig
 from infra.manifests import ray_auth
 from raytpu.ray_names import DASHBOARD_PORT, METRICS_PORT, SERVE_PORT
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from infra.config import RayClusterConfig, RayJobConfig, RayServiceConfig, StackConfig
+from infra.config.schema import RayClusterConfig, RayJobConfig, RayServiceConfig, StackConfig
 from infra.manifests import kuberay
 from infra.manifests import rayjob as rayjob_spec
 from raytpu.ray_names import DASHBOARD_PORT

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from infra.config import RayJobConfig, StackConfig
+from infra.config.schema import RayJobConfig, StackConfig
 from infra.manifests import kuberay
 from raytpu import entrypoints
 

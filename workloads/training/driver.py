@@ -42,23 +42,13 @@ from workloads.training.config import (
     TrainConfig,
     TrainProgress,
     TrainResult,
-    WorkerPlacement,
 )
 from workloads.training.faults import FaultPlan, check_hosts
 from workloads.training.goodput import goodput
 from workloads.training.recovery import EventBook
 from workloads.training.worker_loop import train_loop_per_worker
 
-__all__ = [
-    "TrainConfig",
-    "TrainProgress",
-    "TrainResult",
-    "TrainingError",
-    "TrainingInterrupted",
-    "WorkerPlacement",
-    "run_training",
-    "train_loop_per_worker",
-]
+__all__ = ["TrainingError", "TrainingInterrupted", "run_training"]
 
 logger = logging.getLogger(__name__)
 
