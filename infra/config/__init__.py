@@ -12,7 +12,7 @@ Modules, by concern: :mod:`~infra.config.schema` (the frozen dataclasses the pro
 :mod:`~infra.config.reader` (the key-path reader kit), :mod:`~infra.config.gcp_rules` (GCP, GKE and
 Ray value rules), one parser per section (:mod:`~infra.config.cluster`,
 :mod:`~infra.config.slices`, :mod:`~infra.config.ray_objects`), :mod:`~infra.config.stack` (the
-whole stack and its cross-section rules, loading a stack file) and
+whole stack, loading a stack file), :mod:`~infra.config.cross_rules` (the rules across sections) and
 :mod:`~infra.config.pulumi_config` (the stack being deployed, from the Pulumi engine).
 
 Glossary: a **slice** is one TPU topology on its hosts (one GKE node pool); ``count`` identical

@@ -4,15 +4,23 @@ reads ``Pulumi.<stack>.yaml`` from the project folder."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from infra.config.cluster import parse_cluster
+from infra.config.cross_rules import (
+    check_gke_versions,
+    check_pool_names,
+    check_runtime,
+    check_scale_to_zero,
+    check_slice_capacity,
+    check_unique_ray_names,
+    check_vllm_images,
+)
 from infra.config.gcp_rules import (
-    FLEX_START_TPU_GKE_VERSION,
     PROJECT_RE,
     REGION_RE,
-    gke_version_ok,
     image_check,
     parse_ray_version,
     zone_region,
@@ -20,19 +28,13 @@ from infra.config.gcp_rules import (
 from infra.config.image import parse_image, vllm_image, worker_image
 from infra.config.ray_objects import SECTIONS
 from infra.config.reader import Problems, check_unique, list_of
-from infra.config.schema import (
-    NAMESPACE,
-    PYTHON_VERSIONS,
-    ConfigError,
-    SliceConfig,
-    StackConfig,
-)
+from infra.config.schema import NAMESPACE, ConfigError, ImageConfig, SliceConfig, StackConfig
 from infra.config.security import parse_security
 from infra.config.slices import parse_slice
 from infra.config.storage import parse_storage
 from infra.config.teams import check_team_objects, parse_priority_classes, parse_teams
 from raytpu import inputs, project
-from raytpu.ray_versions import image_python, vllm_image_problems
+from raytpu.errors import invalid
 
 _TOP_KEYS = (
     "cluster",
@@ -52,15 +54,105 @@ _TOP_KEYS = (
 )
 
 
+@dataclass(frozen=True)
+class _Images:
+    """The stack's Ray version and images (None where invalid: reported already)."""
+
+    ray_version: str | None
+    image: str | None
+    """The Ray image of every object that names none (``rayImage``, else the built one)."""
+    image_cfg: ImageConfig | None
+    vllm: str | None
+    """The image ``Dockerfile.vllm`` builds for this stack."""
+
+
+@dataclass(frozen=True)
+class _Slices:
+    parsed: list[SliceConfig]
+    by_name: dict[str, SliceConfig | None]
+    """Every named slice, None where its entry is invalid (so objects on it add no second error)."""
+    zones: tuple[str, ...]
+    """The zones of the raw entries in the region (the CPU pool's default)."""
+
+
+@dataclass(frozen=True)
+class _RayObjects:
+    clusters: list[Any]
+    services: list[Any]
+    jobs: list[Any]
+    names: list[tuple[str, Any]]
+    """(``rayClusters[0]``, name) of every raw entry, parsed or not."""
+
+    @property
+    def all(self) -> list[Any]:
+        return [*self.clusters, *self.services, *self.jobs]
+
+
 def parse_config(raw: Mapping[str, Any]) -> StackConfig:
     """Validate the ``config:`` mapping of a ``Pulumi.<stack>.yaml`` into a :class:`StackConfig`.
 
     Keys are namespaced like Pulumi's (``gcp:project``, ``ray-tpu:slices``). Raises
     :class:`ConfigError` listing every problem.
     """
-    problems = Problems()
     if not isinstance(raw, Mapping):
-        raise ConfigError([f"config: {raw!r} is not valid; valid: a mapping of namespaced keys"])
+        raise ConfigError([invalid("config", raw, ["a mapping of namespaced keys"])])
+    problems = Problems()
+    _check_top_keys(problems, raw)
+    project, region = _location(problems, raw)
+    images = _images(problems, raw, project, region)
+    slices = _slices(problems, raw, region)
+    cluster = parse_cluster(problems, raw.get(f"{NAMESPACE}:cluster"), region, slices.zones)
+    storage = parse_storage(
+        problems,
+        raw.get(f"{NAMESPACE}:storage"),
+        project,
+        region,
+        cluster.name if cluster else None,
+    )
+    check_pool_names(problems, cluster, slices.parsed)
+    objects = _ray_objects(problems, raw, slices.by_name, images.ray_version)
+    check_unique_ray_names(problems, objects.names)
+    check_slice_capacity(problems, slices.parsed, objects.all)
+    object_paths = _object_paths(raw, SECTIONS, (objects.clusters, objects.services, objects.jobs))
+    where = {id(obj): path for path, obj in object_paths}
+    check_scale_to_zero(problems, slices.parsed, [*objects.clusters, *objects.services], where)
+    check_runtime(problems, slices.parsed, objects.all, images.image, raw, where)
+    check_vllm_images(problems, objects.services, images.vllm, images.ray_version, where)
+    check_gke_versions(problems, cluster, slices.parsed)
+    security = parse_security(
+        problems,
+        raw.get(f"{NAMESPACE}:security"),
+        {"RayCluster": objects.clusters, "RayService": objects.services, "RayJob": objects.jobs},
+    )
+    priorities = parse_priority_classes(problems, raw.get(f"{NAMESPACE}:priorityClasses"))
+    teams = parse_teams(problems, raw.get(f"{NAMESPACE}:teams"), slices.by_name, priorities)
+    check_team_objects(problems, teams, priorities, slices.by_name, object_paths)
+
+    if problems.errors:
+        raise ConfigError(problems.errors)
+    ray_version, image, image_cfg = images.ray_version, images.image, images.image_cfg
+    assert project and region and cluster and ray_version and image and security  # no errors
+    assert storage and image_cfg
+    return StackConfig(
+        security=security,
+        storage=storage,
+        image=image_cfg,
+        project=project,
+        region=region,
+        cluster=cluster,
+        slices=tuple(slices.parsed),
+        ray_version=ray_version,
+        ray_image=image,
+        ray_clusters=tuple(objects.clusters),
+        ray_services=tuple(objects.services),
+        ray_jobs=tuple(objects.jobs),
+        teams=teams,
+        priority_classes=priorities,
+        vllm_image=images.vllm,
+    )
+
+
+def _check_top_keys(problems: Problems, raw: Mapping[str, Any]) -> None:
     for key in raw:
         namespace, _, short = str(key).partition(":")
         if namespace == NAMESPACE and short not in _TOP_KEYS:
@@ -68,6 +160,9 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
                 str(key), key, ", ".join(f"{NAMESPACE}:{k}" for k in _TOP_KEYS), "unknown key"
             )
 
+
+def _location(problems: Problems, raw: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """``gcp:project`` and ``gcp:region`` (None where invalid)."""
     project = raw.get("gcp:project")
     if not isinstance(project, str) or not PROJECT_RE.match(project):
         problems.bad(
@@ -81,280 +176,82 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
     if not isinstance(region, str) or not REGION_RE.match(region):
         problems.bad("gcp:region", region, "a GCP region, e.g. us-east5")
         region = None
+    return project, region
 
+
+def _images(
+    problems: Problems, raw: Mapping[str, Any], project: str | None, region: str | None
+) -> _Images:
     ray_version = parse_ray_version(problems, raw.get(f"{NAMESPACE}:rayVersion"))
     image = raw.get(f"{NAMESPACE}:rayImage")
     image_cfg = parse_image(problems, raw, needed=image is None)
-    if image is None and ray_version and image_cfg and project and region:
-        # The worker image built from Dockerfile and pushed to the stack's registry.
-        registry = f"{region}-docker.pkg.dev/{project}/{image_cfg.repository}"
-        image = worker_image(registry, ray_version, image_cfg)
-    if image is not None and not image_check(problems, f"{NAMESPACE}:rayImage", image, ray_version):
-        image = None
-    vllm = None
+    registry = None
     if ray_version and image_cfg and project and region:
         registry = f"{region}-docker.pkg.dev/{project}/{image_cfg.repository}"
-        vllm = vllm_image(registry, ray_version, image_cfg)
+    if image is None and registry and image_cfg and ray_version:
+        image = worker_image(registry, ray_version, image_cfg)  # built from Dockerfile, pushed
+    if image is not None and not image_check(problems, f"{NAMESPACE}:rayImage", image, ray_version):
+        image = None
+    vllm = (
+        vllm_image(registry, ray_version, image_cfg)
+        if registry and image_cfg and ray_version
+        else None
+    )
+    return _Images(ray_version, image, image_cfg, vllm)
 
-    slices: list[SliceConfig] = []
+
+def _slices(problems: Problems, raw: Mapping[str, Any], region: str | None) -> _Slices:
     raw_slices = list_of(
         problems, f"{NAMESPACE}:slices", raw.get(f"{NAMESPACE}:slices"), required=True
     )
-    for index, item in enumerate(raw_slices):
-        parsed = parse_slice(problems, index, item, region)
-        if parsed is not None:
-            slices.append(parsed)
+    parsed = [
+        s
+        for s in (parse_slice(problems, i, item, region) for i, item in enumerate(raw_slices))
+        if s is not None
+    ]
     check_unique(
         problems,
         f"{NAMESPACE}:slices",
         [(i, s.get("name")) for i, s in enumerate(raw_slices) if isinstance(s, Mapping)],
         "slice names",
     )
-    parsed_slices = {s.name: s for s in slices}
+    named = {s.name: s for s in parsed}
     by_name: dict[str, SliceConfig | None] = {
-        item["name"]: parsed_slices.get(item["name"])
+        item["name"]: named.get(item["name"])
         for item in raw_slices
         if isinstance(item, Mapping) and isinstance(item.get("name"), str)
     }
-
-    # The CPU pool defaults to the slices' zones; take them from the raw entries so that one
-    # invalid slice does not add a second, derived error here.
-    slice_zones = tuple(
+    # From the raw entries, so that one invalid slice does not add a second, derived error.
+    zones = tuple(
         dict.fromkeys(
             item["zone"]
             for item in raw_slices
             if isinstance(item, Mapping) and region and zone_region(item.get("zone")) == region
         )
     )
-    cluster = parse_cluster(problems, raw.get(f"{NAMESPACE}:cluster"), region, slice_zones)
-    storage = parse_storage(
-        problems,
-        raw.get(f"{NAMESPACE}:storage"),
-        project,
-        region,
-        cluster.name if cluster else None,
-    )
-    if cluster is not None:
-        taken = {cluster.cpu_pool.name}
-        for index, item in enumerate(slices):
-            clash = taken.intersection(item.node_pool_names())
-            if clash:
-                problems.bad(
-                    f"{NAMESPACE}:slices[{index}].name",
-                    item.name,
-                    "a name whose node pools do not clash with another pool",
-                    f"node pool {sorted(clash)[0]!r} exists already",
-                )
-            taken.update(item.node_pool_names())
+    return _Slices(parsed, by_name, zones)
 
-    # A RayService N owns the Services N-head-svc / N-serve-svc like a RayCluster N would:
-    # names must be unique across all kinds (per namespace; we keep it simple: overall).
-    ray_names: list[tuple[str, Any]] = []
 
-    def ray_objects(key: str, parse: Any) -> list[Any]:
+def _ray_objects(
+    problems: Problems,
+    raw: Mapping[str, Any],
+    by_name: Mapping[str, SliceConfig | None],
+    ray_version: str | None,
+) -> _RayObjects:
+    """The RayClusters, RayServices and RayJobs, one parser per section (:data:`SECTIONS`)."""
+    names: list[tuple[str, Any]] = []
+    parsed: list[list[Any]] = []
+    for key, parse in SECTIONS:
         items = list_of(
             problems, f"{NAMESPACE}:{key}", raw.get(f"{NAMESPACE}:{key}"), required=False
         )
-        ray_names.extend(
+        names.extend(
             (f"{key}[{i}]", o.get("name")) for i, o in enumerate(items) if isinstance(o, Mapping)
         )
-        parsed = (
-            parse(problems, index, item, by_name, ray_version) for index, item in enumerate(items)
-        )
-        return [obj for obj in parsed if obj is not None]
-
-    clusters, services, jobs = (ray_objects(key, parse) for key, parse in SECTIONS)
-    seen: dict[str, str] = {}
-    for where, name in ray_names:
-        if not isinstance(name, str):
-            continue  # reported where the object is parsed
-        if name in seen:
-            problems.bad(
-                f"{NAMESPACE}:{where}.name",
-                name,
-                "a name unique across ray-tpu:rayClusters and ray-tpu:rayServices (and rayJobs)",
-                f"duplicate of {NAMESPACE}:{seen[name]} (both would own {name}-head-svc)",
-            )
-        else:
-            seen[name] = where
-    # Each replica of a worker group holds a whole slice: the objects on one slice may not ask
-    # for more slices than it has.
-    for slice_cfg in slices:
-        # A RayJob's cluster holds its slices while it runs: count it too.
-        users = [o for o in (*clusters, *services, *jobs) if o.slice == slice_cfg.name]
-        wanted = sum(o.max_replicas for o in users)
-        if wanted > slice_cfg.count:
-            index = slices.index(slice_cfg)
-            problems.bad(
-                f"{NAMESPACE}:slices[{index}].count",
-                slice_cfg.count,
-                f"an integer >= {wanted}",
-                "the maxReplicas of "
-                + ", ".join(o.name for o in users)
-                + f" add up to {wanted} slices",
-            )
-
-    object_paths = _object_paths(raw, SECTIONS, (clusters, services, jobs))
-    where = {id(obj): path for path, obj in object_paths}
-    _check_scale_to_zero(problems, slices, [*clusters, *services], where)
-    _check_runtime(problems, slices, [*clusters, *services, *jobs], image, raw, where)
-    _check_vllm_images(problems, services, vllm, ray_version, where)
-
-    flex = [s.name for s in slices if s.provisioning == "flex-start"]
-    too_old = cluster is not None and not gke_version_ok(
-        cluster.min_master_version, FLEX_START_TPU_GKE_VERSION
-    )
-    if flex and too_old:
-        assert cluster is not None
-        problems.bad(
-            f"{NAMESPACE}:cluster.minMasterVersion",
-            cluster.min_master_version,
-            f"a GKE version >= {FLEX_START_TPU_GKE_VERSION}",
-            f"flex-start TPU slices: {', '.join(flex)}",
-        )
-
-    # Generations that GKE runs only from a given version on (tpu7x: 1.34.0-gke.2201000).
-    for gen in {s.shape.generation.name: s.shape.generation for s in slices}.values():
-        named = [s.name for s in slices if s.shape.generation is gen]
-        if (
-            cluster is not None
-            and gen.min_gke_version
-            and not gke_version_ok(cluster.min_master_version, gen.min_gke_version)
-        ):
-            problems.bad(
-                f"{NAMESPACE}:cluster.minMasterVersion",
-                cluster.min_master_version,
-                f"a GKE version >= {gen.min_gke_version}",
-                f"{gen.name} slices need it: {', '.join(named)}",
-            )
-
-    security = parse_security(
-        problems,
-        raw.get(f"{NAMESPACE}:security"),
-        {"RayCluster": clusters, "RayService": services, "RayJob": jobs},
-    )
-
-    priorities = parse_priority_classes(problems, raw.get(f"{NAMESPACE}:priorityClasses"))
-    teams = parse_teams(problems, raw.get(f"{NAMESPACE}:teams"), by_name, priorities)
-    check_team_objects(
-        problems,
-        teams,
-        priorities,
-        by_name,
-        object_paths,
-    )
-
-    if problems.errors:
-        raise ConfigError(problems.errors)
-    assert project and region and cluster and ray_version and image and security  # no errors
-    assert storage and image_cfg
-    return StackConfig(
-        security=security,
-        storage=storage,
-        image=image_cfg,
-        project=project,
-        region=region,
-        cluster=cluster,
-        slices=tuple(slices),
-        ray_version=ray_version,
-        ray_image=image,
-        ray_clusters=tuple(clusters),
-        ray_services=tuple(services),
-        ray_jobs=tuple(jobs),
-        teams=teams,
-        priority_classes=priorities,
-        vllm_image=vllm,
-    )
-
-
-def _check_scale_to_zero(
-    problems: Problems, slices: list[SliceConfig], objects: list[Any], where: Mapping[int, str]
-) -> None:
-    """A ``scaleToZero`` slice reaches zero only if no long-lived worker group keeps a replica
-    on it: a RayCluster's or RayService's ``minReplicas`` must be 0 there (in-tree autoscaling
-    then adds the slice when Ray asks for its TPUs and removes it when idle). A RayJob's
-    cluster is deleted when the job ends, so it does not pin the slice."""
-    for slice_cfg in slices:
-        if not slice_cfg.scale_to_zero:
-            continue
-        for obj in objects:
-            if obj.slice == slice_cfg.name and obj.min_replicas > 0:
-                problems.bad(
-                    f"{where[id(obj)]}.minReplicas",
-                    obj.min_replicas,
-                    "0 (with replicas: 0 and maxReplicas >= 1: Ray's autoscaler adds the slice "
-                    "when a job asks for its TPUs)",
-                    f"slice {slice_cfg.name!r} has scaleToZero, and a worker group that keeps "
-                    f"{obj.min_replicas} replica(s) keeps their TPU hosts up: the pool never "
-                    "reaches zero",
-                )
-
-
-def _check_runtime(
-    problems: Problems,
-    slices: list[SliceConfig],
-    objects: list[Any],
-    stack_image: str | None,
-    raw: Mapping[str, Any],
-    where: Mapping[int, str],
-) -> None:
-    """An image whose Python cannot run a generation's jax[tpu] (tpu7x: 3.12) is refused on
-    that generation's slices."""
-    by_name = {s.name: s for s in slices}
-    for obj in objects:
-        gen = by_name[obj.slice].shape.generation if obj.slice in by_name else None
-        image = obj.image or stack_image
-        if gen is None or gen.min_python is None or not isinstance(image, str):
-            continue
-        python = image_python(image)
-        if python is None or python >= gen.min_python:
-            continue
-        wanted = ".".join(str(p) for p in gen.min_python)
-        if obj.image:
-            path, value = f"{where[id(obj)]}.image", image
-        elif f"{NAMESPACE}:rayImage" in raw:
-            path, value = f"{NAMESPACE}:rayImage", image
-        else:
-            path = f"{NAMESPACE}:pythonVersion"
-            value = raw.get(path, PYTHON_VERSIONS[0])
-        problems.bad(
-            path,
-            value,
-            f"an image on Python >= {wanted} (tag -py{wanted.replace('.', '')}) for "
-            f"{gen.name} slices",
-            f"{obj.name} runs on {gen.name} slice {obj.slice!r}: {gen.runtime_note}; set "
-            f"ray-tpu:pythonVersion '{wanted}' and build the Dockerfile with "
-            f"--build-arg PYTHON_TAG=py{wanted.replace('.', '')}",
-        )
-
-
-def _check_vllm_images(
-    problems: Problems,
-    services: list[Any],
-    default: str | None,
-    ray_version: str | None,
-    where: Mapping[int, str],
-) -> None:
-    """A RayService with ``engine: vllm`` runs an image that says it holds the vllm-tpu Ray's
-    Serve LLM was released with, on Python 3.12 (:func:`raytpu.ray_versions.vllm_image_problems`):
-    its own ``image``, else the one ``Dockerfile.vllm`` builds for this stack."""
-    for service in services:
-        if service.engine != "vllm" or not ray_version:
-            continue
-        image = service.image or default
-        path = f"{where[id(service)]}.image"
-        fix = (
-            "leave image unset to run the image Dockerfile.vllm builds and the deploy workflow "
-            "pushes (ray-vllm:<rayVersion>-py312-vllm-tpu<pin>-<imageTag>), or name one tagged so"
-        )
-        if image is None:
-            problems.bad(path, None, "an image with vllm-tpu", f"engine vllm; {fix}")
-            continue
-        found = vllm_image_problems(image, ray_version)
-        if found:
-            problems.bad(
-                path, image, "an image with the pinned vllm-tpu", f"{'; '.join(found)}; {fix}"
-            )
+        objects = (parse(problems, i, item, by_name, ray_version) for i, item in enumerate(items))
+        parsed.append([obj for obj in objects if obj is not None])
+    clusters, services, jobs = parsed
+    return _RayObjects(clusters, services, jobs, names)
 
 
 def _object_paths(raw: Mapping[str, Any], sections: Any, parsed: Any) -> list[tuple[str, Any]]:
