@@ -14,6 +14,7 @@ is pushed, and the image the Ray objects run); with ``ray-tpu:security.dashboard
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
@@ -31,7 +32,7 @@ from infra.components.ray_object import RayObject, RayObjectArgs
 from infra.components.tpu_slice import TpuSlice, TpuSliceArgs
 from infra.config.schema import StackConfig
 from infra.config.teams import team_of
-from infra.manifests.ray_kinds import RAY_KINDS
+from infra.manifests.ray_kinds import RAY_KINDS, RayKind
 
 
 def slice_summary(config: StackConfig) -> dict[str, dict[str, Any]]:
@@ -51,9 +52,17 @@ def slice_summary(config: StackConfig) -> dict[str, dict[str, Any]]:
     }
 
 
+@dataclass(frozen=True)
+class _Nodes:
+    """The cluster and what its pods run on."""
+
+    gke: GkeCluster
+    waited_for: list[pulumi.Resource]
+    """What pods need before they start: the node pools (and, on private nodes, NAT)."""
+
+
 def declare(config: StackConfig) -> None:
     """Declare the whole stack for ``config`` (already validated) and export its outputs."""
-    cluster_cfg = config.cluster
     assert config.storage is not None and config.image is not None  # set by the parser
     registry = ImageRegistry(
         "image-registry",
@@ -61,9 +70,61 @@ def declare(config: StackConfig) -> None:
             project=config.project,
             region=config.region,
             repository=config.image.repository,
-            node_service_account=cluster_cfg.node_service_account,
+            node_service_account=config.cluster.node_service_account,
         ),
     )
+    nodes = _nodes(config)
+    access = KubernetesAccess(
+        "k8s",
+        KubernetesAccessArgs(
+            project=config.project,
+            location=config.cluster.location,
+            cluster_name=nodes.gke.name,
+            endpoint=nodes.gke.endpoint,
+            ca_certificate=nodes.gke.ca_certificate,
+            wait_for=nodes.waited_for,
+            namespaces=config.namespaces,
+        ),
+    )
+    storage = CheckpointStorage(
+        "checkpoints",
+        CheckpointStorageArgs(
+            project=config.project,
+            storage=config.storage,
+            provider=access.provider,
+            namespaces=config.namespaces,
+            namespace_resources=access.namespaces,
+            cluster=nodes.gke.cluster,
+        ),
+    )
+    ray_objects = _ray_objects(config, access, storage)
+    if config.security.dashboard_iap is not None:
+        pulumi.export("dashboardIap", _dashboard_iap(config, access, ray_objects).outputs)
+    Monitoring(
+        "monitoring",
+        MonitoringArgs(
+            project=config.project,
+            stack=pulumi.get_stack(),
+            namespaces=config.namespaces,
+            provider=access.provider,
+            depends_on=list(access.namespaces.values()),
+        ),
+    )
+    pulumi.export("clusterName", nodes.gke.name)
+    pulumi.export("clusterEndpoint", nodes.gke.endpoint)
+    pulumi.export("kubeconfig", access.kubeconfig)
+    pulumi.export("slices", slice_summary(config))
+    pulumi.export("checkpointBucket", storage.bucket_name)
+    pulumi.export("rayServiceAccount", config.storage.service_account)
+    pulumi.export("imageRepository", registry.url)
+    pulumi.export("workerImage", config.ray_image)
+    for kind, declared in ray_objects.items():
+        pulumi.export(kind.config_key, {obj.name: obj.outputs for obj in declared})
+
+
+def _nodes(config: StackConfig) -> _Nodes:
+    """The GKE cluster, Cloud NAT where asked, the CPU pool and one TpuSlice per slice."""
+    cluster_cfg = config.cluster
     gke = GkeCluster("gke", GkeClusterArgs(project=config.project, cluster=cluster_cfg))
     nat = None
     if cluster_cfg.cloud_nat:
@@ -100,38 +161,15 @@ def declare(config: StackConfig) -> None:
         )
         for s in config.slices
     ]
-    access = KubernetesAccess(
-        "k8s",
-        KubernetesAccessArgs(
-            project=config.project,
-            location=cluster_cfg.location,
-            cluster_name=gke.name,
-            endpoint=gke.endpoint,
-            ca_certificate=gke.ca_certificate,
-            # Pods need nodes (and, on private nodes, NAT to pull images) before they start.
-            wait_for=[cpu, *slices, *([nat] if nat is not None else [])],
-            namespaces=config.namespaces,
-        ),
-    )
+    return _Nodes(gke, [cpu, *slices, *([nat] if nat is not None else [])])
+
+
+def _ray_objects(
+    config: StackConfig, access: KubernetesAccess, storage: CheckpointStorage
+) -> dict[RayKind, list[RayObject]]:
+    """One RayObject per declared RayCluster, RayService and RayJob. Each waits for its
+    namespace, its pods' ServiceAccount and its grant, and a team's for its Kueue queues."""
     namespaces = access.namespaces
-    storage = CheckpointStorage(
-        "checkpoints",
-        CheckpointStorageArgs(
-            project=config.project,
-            storage=config.storage,
-            provider=access.provider,
-            namespaces=config.namespaces,
-            namespace_resources=namespaces,
-            cluster=gke.cluster,
-        ),
-    )
-
-    def needs(namespace: str) -> list[pulumi.Resource]:
-        """A Ray object waits for its namespace and its pods' ServiceAccount (and its grant)."""
-        found: list[pulumi.Resource] = [namespaces[namespace]] if namespace in namespaces else []
-        return [*found, storage.service_accounts[namespace], storage.members[namespace]]
-
-    # Teams share the slices through Kueue; their Ray objects wait for their queues.
     kueue = None
     if config.teams:
         kueue = Kueue(
@@ -139,10 +177,14 @@ def declare(config: StackConfig) -> None:
             KueueArgs(stack=config, provider=access.provider, depends_on=list(namespaces.values())),
         )
 
-    def queued(obj: Any) -> list[pulumi.Resource]:
-        return [kueue] if kueue is not None and team_of(config.teams, obj) else []
+    def needs(obj: Any) -> list[pulumi.Resource]:
+        found: list[pulumi.Resource] = (
+            [namespaces[obj.namespace]] if obj.namespace in namespaces else []
+        )
+        found += [storage.service_accounts[obj.namespace], storage.members[obj.namespace]]
+        return [*found, kueue] if kueue is not None and team_of(config.teams, obj) else found
 
-    ray_objects = {
+    return {
         kind: [
             RayObject(
                 f"{kind.resource_prefix}-{obj.name}",
@@ -152,7 +194,7 @@ def declare(config: StackConfig) -> None:
                     config=obj,
                     provider=access.provider,
                     stack_name=pulumi.get_stack(),
-                    depends_on=[*needs(obj.namespace), *queued(obj)],
+                    depends_on=needs(obj),
                 ),
             )
             for obj in kind.objects(config)
@@ -160,46 +202,28 @@ def declare(config: StackConfig) -> None:
         for kind in RAY_KINDS
     }
 
-    iap = config.security.dashboard_iap
-    if iap is not None:  # the Ray Dashboard of one object behind IAP (docs/security.md)
-        (target,) = [
-            o
-            for k, objs in ray_objects.items()
-            if k.kind == iap.kind
-            for o in objs
-            if o.name == iap.name
-        ]
-        dashboard = DashboardIap(
-            f"dashboard-iap-{iap.name}",
-            DashboardIapArgs(
-                project=config.project,
-                cluster_name=cluster_cfg.name,
-                iap=iap,
-                credential=target.credential,
-                provider=access.provider,
-                depends_on=[target],
-            ),
-        )
-        pulumi.export("dashboardIap", dashboard.outputs)
 
-    Monitoring(
-        "monitoring",
-        MonitoringArgs(
+def _dashboard_iap(
+    config: StackConfig, access: KubernetesAccess, ray_objects: dict[RayKind, list[RayObject]]
+) -> DashboardIap:
+    """The Ray Dashboard of one object behind IAP (docs/security.md)."""
+    iap = config.security.dashboard_iap
+    assert iap is not None
+    (target,) = [
+        o
+        for k, objs in ray_objects.items()
+        if k.kind == iap.kind
+        for o in objs
+        if o.name == iap.name
+    ]
+    return DashboardIap(
+        f"dashboard-iap-{iap.name}",
+        DashboardIapArgs(
             project=config.project,
-            stack=pulumi.get_stack(),
-            namespaces=config.namespaces,
+            cluster_name=config.cluster.name,
+            iap=iap,
+            credential=target.credential,
             provider=access.provider,
-            depends_on=list(namespaces.values()),
+            depends_on=[target],
         ),
     )
-
-    pulumi.export("clusterName", gke.name)
-    pulumi.export("clusterEndpoint", gke.endpoint)
-    pulumi.export("kubeconfig", access.kubeconfig)
-    pulumi.export("slices", slice_summary(config))
-    pulumi.export("checkpointBucket", storage.bucket_name)
-    pulumi.export("rayServiceAccount", config.storage.service_account)
-    pulumi.export("imageRepository", registry.url)
-    pulumi.export("workerImage", config.ray_image)
-    for kind, declared in ray_objects.items():
-        pulumi.export(kind.config_key, {obj.name: obj.outputs for obj in declared})
