@@ -271,12 +271,7 @@ WALLS = [
 ]
 # The one module that only re-exports: the import path stack files, the Dockerfile and docs name.
 ALLOWED_SHIMS = {"workloads.serve"}
-# Facades left today; the set only shrinks (a stale entry fails too).
 MAX_FUNCTION_LINES = 120
-# Functions over the limit today; the list only shrinks (a stale entry fails too).
-LONG_FUNCTIONS = {
-    "workloads.slices.reservation.reserve_slices",
-}
 
 
 def _room(module: str) -> str | None:
@@ -406,10 +401,7 @@ def _long_functions() -> dict[str, int]:
 
 def test_no_function_over_120_lines() -> None:
     found = _long_functions()
-    new = {f: n for f, n in found.items() if f not in LONG_FUNCTIONS}
-    fixed = sorted(LONG_FUNCTIONS - set(found))
-    assert not new, f"functions over {MAX_FUNCTION_LINES} lines: {new}; split them into named steps"
-    assert not fixed, f"{fixed} are short now: take them off LONG_FUNCTIONS"
+    assert not found, f"functions over {MAX_FUNCTION_LINES} lines: {found}; split them into named steps"
 
 
 @pytest.mark.parametrize(

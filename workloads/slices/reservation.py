@@ -28,8 +28,10 @@ from typing import Any
 
 from raytpu import errors
 from raytpu.catalog import SliceShape
+from raytpu.errors import invalid
 from raytpu.ray_names import LABEL_POD_TYPE, LABEL_SLICE_NAME, LABEL_TOPOLOGY, LABEL_WORKER_ID
 from workloads import telemetry
+from workloads.slices.diagnosis import describe_missing
 from workloads.slices.release import remove_placement_groups
 
 logger = logging.getLogger(__name__)
@@ -146,9 +148,7 @@ class SliceReservation:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         if not 0 <= bundle_index < len(self.hosts):
-            raise ValueError(
-                f"bundle_index: {bundle_index!r} is not valid; valid: 0..{len(self.hosts) - 1}"
-            )
+            raise ValueError(invalid("bundle_index", bundle_index, f"0..{len(self.hosts) - 1}"))
         lost = [h for h in self.lost_hosts() if h.bundle_index == bundle_index]
         if lost:
             raise HostLostError(tuple(lost))
@@ -156,71 +156,6 @@ class SliceReservation:
             placement_group=self.placement_group,
             placement_group_bundle_index=bundle_index,
         )
-
-
-@dataclass(frozen=True)
-class _Missing:
-    reason: str
-    error_class: errors.ErrorClass
-
-
-def _describe_missing(
-    shape: SliceShape, tpu_per_bundle: float, own: Sequence[Any] = ()
-) -> _Missing:
-    """Why bundles did not place: which slice lacks hosts, which host is too small, or which
-    placement groups hold the slices (``own``: this request's, named as such)."""
-    import ray
-
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    by_slice: dict[str, list[dict[str, Any]]] = {}
-    for node in nodes:
-        labels = node.get("Labels") or {}
-        if labels.get(LABEL_POD_TYPE) == shape.pod_type:
-            by_slice.setdefault(labels.get(LABEL_SLICE_NAME, "?"), []).append(node)
-    if not by_slice:
-        return _Missing(f"no host with pod type {shape.pod_type} is alive", errors.NO_CAPACITY)
-    reasons = []
-    error_class = errors.NO_CAPACITY
-    for name, members in sorted(by_slice.items()):
-        if len(members) < shape.hosts:
-            reasons.append(f"slice {name} has {len(members)} of {shape.hosts} hosts")
-            error_class = errors.PARTIAL_SLICE
-    biggest = max(float((n.get("Resources") or {}).get("TPU", 0)) for n in nodes)
-    if tpu_per_bundle > biggest:
-        reasons.append(
-            f"each bundle asks TPU {tpu_per_bundle:g} but the largest host has TPU {biggest:g}"
-        )
-        error_class = errors.MISSIZED_REQUEST
-    if not reasons:
-        complete = sorted(name for name, members in by_slice.items() if len(members) >= shape.hosts)
-        holders = _holders(by_slice, {pg.id.hex() for pg in own})
-        held_by = "; ".join(
-            f"{name} by {', '.join(holders.get(name) or ['no placement group (actors, tasks)'])}"
-            for name in complete
-        )
-        reasons.append(
-            f"no free slice: all {len(complete)} complete slice(s) of this shape are in use "
-            f"(held: {held_by})"
-        )
-    return _Missing("; ".join(reasons), error_class)
-
-
-def _holders(by_slice: dict[str, list[dict[str, Any]]], own: set[str]) -> dict[str, list[str]]:
-    """Per slice name, the created placement groups with a bundle on one of its hosts: "this
-    request" for an id in ``own``, else the group's name or ``unnamed <id prefix>`` (Ray
-    Train's and ``slice_placement_group``'s are unnamed)."""
-    from ray.util import placement_group_table
-
-    slice_of = {node["NodeID"]: name for name, members in by_slice.items() for node in members}
-    holders: dict[str, list[str]] = {}
-    for pg_id, pg in sorted(placement_group_table().items()):
-        if pg.get("state") != "CREATED":
-            continue
-        label = "this request" if pg_id in own else (pg.get("name") or f"unnamed {pg_id[:8]}")
-        for name in sorted({slice_of.get(n) for n in pg.get("bundles_to_node_id", {}).values()}):
-            if name:
-                holders.setdefault(name, []).append(label)
-    return holders
 
 
 def _hosts_of(pg: Any, num_bundles: int) -> tuple[ReservedHost, ...]:
@@ -271,104 +206,166 @@ def reserve_slices(
     ``timeout_s`` in all. Raises :class:`SliceReservationError` (holding nothing) when no free
     slice exists, a slice lacks a host, or the bundles cannot be placed in time.
     """
-    import ray
-    from ray.util.placement_group import placement_group
-
-    if int(num_slices) < 1:
-        raise ValueError(f"num_slices: {num_slices!r} is not valid; valid: an integer >= 1")
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s: {timeout_s!r} is not valid; valid: a number > 0")
-    num_slices = int(num_slices)
-    tpu = int(tpu_per_bundle or shape.chips_per_host)
-    began = time.monotonic()
+    request = _request(shape, num_slices, timeout_s, tpu_per_bundle, cpus_per_bundle, name, only)
     held: list[Any] = []
-    reservation: SliceReservation | None = None
     try:
-        if tpu < 1 or shape.chips % tpu:
-            raise SliceReservationError(
-                shape,
-                num_slices,
-                0.0,
-                f"tpu_per_bundle: {tpu!r} does not divide the slice's {shape.chips} chips; "
-                f"valid: a divisor of {shape.chips}",
-                errors.MISSIZED_REQUEST,
-            )
-        among = {LABEL_SLICE_NAME: f"in({','.join(only)})"} if only else {}
-        names: tuple[str, ...] = ()
-        if shape.multi_host:
-            names = _claim_heads(shape, num_slices, timeout_s, began, name, held, among)
-        bundles_per_slice = shape.workers(tpu)
-        selectors = []
-        for index in range(num_slices):
-            selector = {LABEL_POD_TYPE: shape.pod_type, LABEL_TOPOLOGY: shape.topology, **among}
-            if names:
-                selector[LABEL_SLICE_NAME] = names[index]
-            selectors += [dict(selector) for _ in range(bundles_per_slice)]
-        bundle = {"TPU": float(tpu), "CPU": float(cpus_per_bundle)}
-        pg = placement_group(
-            [dict(bundle) for _ in selectors],
-            strategy="SPREAD",
-            name=name,
-            bundle_label_selector=selectors,
-        )
-        held.append(pg)
-        remaining = max(0.5, timeout_s - (time.monotonic() - began))
-        ready, _ = ray.wait([pg.ready()], timeout=remaining)
-        if not ready:
-            missing = _describe_missing(shape, tpu, held)
-            raise SliceReservationError(
-                shape,
-                num_slices,
-                time.monotonic() - began,
-                f"bundles not placed within {timeout_s:.0f} s: {missing.reason}",
-                missing.error_class,
-            )
-        # The head placement groups stay until the reservation ends: released early, a slice
-        # whose hosts are all held looks free by its head resource, and the next reservation
-        # claims that head and waits on bundles that never place (Ray's sharp edge, seen here as
-        # a flaky "no free slice" while one slice was still free).
-        hosts = _hosts_of(pg, len(selectors))
-        reservation = SliceReservation(
-            shape=shape,
-            num_slices=num_slices,
-            placement_group=pg,
-            hosts=hosts,
-            slice_names=tuple(dict.fromkeys(h.slice_name for h in hosts)),
-            wait_s=time.monotonic() - began,
-            bundle_resources=bundle,
-        )
+        reservation = _reserve(request, held)
     except SliceReservationError as error:
-        logger.warning(
-            "slice reservation failed: shape=%s generation=%s hosts=%d slices=%d wait=%.1fs "
-            "reason=%s",
-            shape.topology,
-            shape.generation.name,
-            shape.hosts,
-            num_slices,
-            error.waited_s,
-            error.reason,
-        )
+        _log_failure(request, error)
         remove_placement_groups(held)
-        telemetry.reservation(shape, num_slices, error.waited_s, error)
+        telemetry.reservation(shape, request.num_slices, error.waited_s, error)
         raise
     except BaseException:
         remove_placement_groups(held)
         raise
-    logger.info(
-        "slice reservation ok: shape=%s generation=%s hosts=%d slices=%d (%s) wait=%.1fs",
-        shape.topology,
-        shape.generation.name,
-        shape.hosts,
-        num_slices,
-        ", ".join(reservation.slice_names),
-        reservation.wait_s,
-    )
-    telemetry.reservation(shape, num_slices, reservation.wait_s)
+    _log_success(reservation)
+    telemetry.reservation(shape, request.num_slices, reservation.wait_s)
     try:
         yield reservation
     finally:
         remove_placement_groups(held)
         logger.info("slice reservation released: %s", ", ".join(reservation.slice_names))
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One call's arguments, checked, with the clock started."""
+
+    shape: SliceShape
+    num_slices: int
+    timeout_s: float
+    tpu: int
+    bundle: dict[str, float]
+    name: str
+    among: dict[str, str]
+    """A label selector on the slice name, from ``only`` (empty: any slice)."""
+    began: float
+
+    def remaining_s(self) -> float:
+        return max(0.5, self.timeout_s - (time.monotonic() - self.began))
+
+    def refused(self, reason: str, error_class: errors.ErrorClass) -> SliceReservationError:
+        waited = time.monotonic() - self.began
+        return SliceReservationError(self.shape, self.num_slices, waited, reason, error_class)
+
+
+def _request(
+    shape: SliceShape,
+    num_slices: int,
+    timeout_s: float,
+    tpu_per_bundle: int | None,
+    cpus_per_bundle: float,
+    name: str,
+    only: Sequence[str],
+) -> _Request:
+    """Check the arguments (``ValueError`` naming the bad one) before anything is held."""
+    if int(num_slices) < 1:
+        raise ValueError(invalid("num_slices", num_slices, "an integer >= 1"))
+    if timeout_s <= 0:
+        raise ValueError(invalid("timeout_s", timeout_s, "a number > 0"))
+    tpu = int(tpu_per_bundle or shape.chips_per_host)
+    return _Request(
+        shape=shape,
+        num_slices=int(num_slices),
+        timeout_s=timeout_s,
+        tpu=tpu,
+        bundle={"TPU": float(tpu), "CPU": float(cpus_per_bundle)},
+        name=name,
+        among={LABEL_SLICE_NAME: f"in({','.join(only)})"} if only else {},
+        began=time.monotonic(),
+    )
+
+
+def _reserve(request: _Request, held: list[Any]) -> SliceReservation:
+    """Claim the slices' heads (multi-host), then place one bundle per host; every placement
+    group goes into ``held`` as soon as it exists, for the caller to release on error."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    shape = request.shape
+    if request.tpu < 1 or shape.chips % request.tpu:
+        reason = invalid(
+            "tpu_per_bundle",
+            request.tpu,
+            f"a divisor of the slice's {shape.chips} chips",
+        )
+        raise request.refused(reason, errors.MISSIZED_REQUEST)
+    names: tuple[str, ...] = ()
+    if shape.multi_host:
+        names = _claim_heads(
+            shape,
+            request.num_slices,
+            request.timeout_s,
+            request.began,
+            request.name,
+            held,
+            request.among,
+        )
+    selectors = _bundle_selectors(request, names)
+    pg = placement_group(
+        [dict(request.bundle) for _ in selectors],
+        strategy="SPREAD",
+        name=request.name,
+        bundle_label_selector=selectors,
+    )
+    held.append(pg)
+    ready, _ = ray.wait([pg.ready()], timeout=request.remaining_s())
+    if not ready:
+        missing = describe_missing(shape, request.tpu, held)
+        reason = f"bundles not placed within {request.timeout_s:.0f} s: {missing.reason}"
+        raise request.refused(reason, missing.error_class)
+    # The head placement groups stay until the reservation ends: released early, a slice
+    # whose hosts are all held looks free by its head resource, and the next reservation
+    # claims that head and waits on bundles that never place (Ray's sharp edge, seen here as
+    # a flaky "no free slice" while one slice was still free).
+    hosts = _hosts_of(pg, len(selectors))
+    return SliceReservation(
+        shape=shape,
+        num_slices=request.num_slices,
+        placement_group=pg,
+        hosts=hosts,
+        slice_names=tuple(dict.fromkeys(h.slice_name for h in hosts)),
+        wait_s=time.monotonic() - request.began,
+        bundle_resources=request.bundle,
+    )
+
+
+def _bundle_selectors(request: _Request, names: tuple[str, ...]) -> list[dict[str, str]]:
+    """One label selector per host bundle, slice after slice: the shape's pod type and
+    topology, and the claimed slice's name where heads were claimed."""
+    shape = request.shape
+    selectors = []
+    for index in range(request.num_slices):
+        selector = {LABEL_POD_TYPE: shape.pod_type, LABEL_TOPOLOGY: shape.topology}
+        selector.update(request.among)
+        if names:
+            selector[LABEL_SLICE_NAME] = names[index]
+        selectors += [dict(selector) for _ in range(shape.workers(request.tpu))]
+    return selectors
+
+
+def _log_failure(request: _Request, error: SliceReservationError) -> None:
+    logger.warning(
+        "slice reservation failed: shape=%s generation=%s hosts=%d slices=%d wait=%.1fs reason=%s",
+        request.shape.topology,
+        request.shape.generation.name,
+        request.shape.hosts,
+        request.num_slices,
+        error.waited_s,
+        error.reason,
+    )
+
+
+def _log_success(reservation: SliceReservation) -> None:
+    logger.info(
+        "slice reservation ok: shape=%s generation=%s hosts=%d slices=%d (%s) wait=%.1fs",
+        reservation.shape.topology,
+        reservation.shape.generation.name,
+        reservation.shape.hosts,
+        reservation.num_slices,
+        ", ".join(reservation.slice_names),
+        reservation.wait_s,
+    )
 
 
 def _claim_heads(
@@ -403,7 +400,7 @@ def _claim_heads(
         held.append(heads[-1])
     ready, _ = ray.wait([pg.ready() for pg in heads], num_returns=len(heads), timeout=timeout_s)
     if len(ready) < len(heads):
-        missing = _describe_missing(shape, shape.chips_per_host, held)
+        missing = describe_missing(shape, shape.chips_per_host, held)
         raise SliceReservationError(
             shape,
             num_slices,
