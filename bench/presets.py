@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench import _common
-from raytpu import catalog
+from raytpu import catalog, generations
 from raytpu.presets import PRESETS, MeshConfig, Preset, PresetError, check_fits
 
 MAXTEXT_MFU: dict[str, tuple[float, str]] = {
@@ -65,7 +65,7 @@ def run(presets: Sequence[str]) -> dict[str, Any]:
     rows = []
     for name in presets:
         model = PRESETS[name]
-        for gen in catalog.GENERATIONS.values():
+        for gen in generations.GENERATIONS.values():
             fit = smallest_fit(model, gen.name)
             flops = model.train_flops_per_token()
             peak = gen.peak_bf16_tflops * 1e12

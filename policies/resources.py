@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from policies.props import UNKNOWN, as_int, as_list, as_str, get, is_unknown
-from raytpu import catalog
+from raytpu import catalog, generations
 
 NODE_POOL = "gcp:container/nodePool:NodePool"
 CLUSTER = "gcp:container/cluster:Cluster"
@@ -36,7 +36,9 @@ CLUSTER_SPEC_PATH = {
 """Where each KubeRay kind keeps its Ray cluster spec."""
 
 TPU_MACHINE_FAMILIES = frozenset(
-    machine.split("-")[0] for g in catalog.GENERATIONS.values() for machine, _ in g.machine_types
+    machine.split("-")[0]
+    for g in generations.GENERATIONS.values()
+    for machine, _ in g.machine_types
 )
 """``ct6e``, ``ct5lp``, ... : machine type prefixes that mean "a TPU host"."""
 

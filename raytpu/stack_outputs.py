@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raytpu import catalog, entrypoints, inputs, project
+from raytpu import catalog, entrypoints, generations, inputs, project
 from raytpu.errors import invalid
 from raytpu.ray_names import DASHBOARD_PORT, SERVE_PORT
 
@@ -224,7 +224,7 @@ def _parse_slice(name: str, raw: Any, path: str) -> SliceOutput:
     machine_type = _require(raw, "machineType", path, str)
     try:
         shape = catalog.shape(generation, topology, machine_type=machine_type)
-    except catalog.CatalogError as error:
+    except generations.CatalogError as error:
         raise StackOutputsError(f"{path}.{error}") from error
     for key, expected in (
         ("chipsPerHost", shape.chips_per_host),

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from raytpu import catalog
+from raytpu import catalog, generations
 from raytpu.table import format_table
 
 COLUMNS = (
@@ -31,7 +31,9 @@ COLUMNS = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("generation", nargs="?", help=f"one of {', '.join(catalog.GENERATIONS)}")
+    parser.add_argument(
+        "generation", nargs="?", help=f"one of {', '.join(generations.GENERATIONS)}"
+    )
     parser.add_argument("topology", nargs="?", help="e.g. 4x4 or 2x2x4")
     parser.add_argument(
         "--machine-type", help="GKE machine type; needed where a topology fits two host sizes"
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         record = catalog.shape(
             args.generation, args.topology, machine_type=args.machine_type
         ).to_dict()
-    except catalog.CatalogError as error:
+    except generations.CatalogError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.json:

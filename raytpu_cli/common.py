@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from raytpu import project
-from raytpu.catalog import CatalogError, SliceShape, shape
+from raytpu.catalog import SliceShape, shape
+from raytpu.generations import CatalogError
 
 DEFAULT_CHECKPOINT_DIR = os.environ.get("RAYTPU_CHECKPOINT_DIR", "/tmp/raytpu/checkpoints")
 LOCAL_BUCKET = "raytpu-local"

@@ -51,7 +51,7 @@ def describe(resources: Sequence[Any]) -> list[dict[str, Any]]:
     """One row per declared resource (one per TPU worker group for KubeRay objects)."""
     from policies.resources import NODE_POOL, kind_of, node_pool, object_label, worker_groups
     from policies.rules.stack import pool_slices
-    from raytpu import catalog
+    from raytpu import catalog, generations
 
     pools_by_shape: dict[tuple, list[str]] = {}
     groups_by_shape: dict[tuple, list[str]] = {}
@@ -79,7 +79,7 @@ def describe(resources: Sequence[Any]) -> list[dict[str, Any]]:
             if group.requests_tpu and isinstance(group.chips_per_host, int):
                 try:
                     shape = group.shape()
-                except (catalog.CatalogError, TypeError, ValueError):
+                except (generations.CatalogError, TypeError, ValueError):
                     shape = None
                 if shape is not None:
                     key = (shape.generation.name, shape.topology, shape.chips_per_host)
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     from infra.config.schema import ConfigError
     from policies import report
     from policies.pack import PolicyConfigError, evaluate
-    from raytpu import catalog
+    from raytpu import generations
     from raytpu.table import format_table
     from raytpu_cli import schema_check
     from raytpu_cli.common import UsageError
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = report.load_policy_config(args.policy_config)
         resources, outputs, minor = _declare(args)
-    except (ConfigError, catalog.CatalogError, PolicyConfigError, UsageError) as error:
+    except (ConfigError, generations.CatalogError, PolicyConfigError, UsageError) as error:
         if args.json:
             print(
                 json.dumps({"stack": args.stack, "errors": str(error).splitlines(), "exitCode": 2})

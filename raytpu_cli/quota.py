@@ -56,13 +56,13 @@ def _limit(value: int | None, cohort: str | None, unlimited: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from infra.config.schema import ConfigError
     from infra.manifests.kueue import quota_rows
-    from raytpu import catalog
+    from raytpu import generations
     from raytpu.table import format_table
     from raytpu_cli.common import UsageError, load_stack_config
 
     try:
         config = load_stack_config(args, folder=args.project_dir)
-    except (ConfigError, catalog.CatalogError, UsageError) as error:
+    except (ConfigError, generations.CatalogError, UsageError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     rows = quota_rows(config)

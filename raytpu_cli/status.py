@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from raytpu import catalog, errors, stack_outputs
+from raytpu import catalog, errors, generations, stack_outputs
 from raytpu.ray_names import LABEL_POD_TYPE, LABEL_SLICE_NAME, LABEL_TOPOLOGY
 from raytpu.stack_outputs import RayHead, StackOutputsError
 from raytpu.table import format_table
@@ -97,7 +97,7 @@ def _shape_hosts(pod_type: str, topology: str, chips_per_host: float) -> int | N
     generation = pod_type.rsplit("-", 1)[0]
     try:
         shape = catalog.shape(generation, topology, chips_per_host=int(chips_per_host))
-    except (catalog.CatalogError, ValueError):
+    except (generations.CatalogError, ValueError):
         return None
     return shape.hosts
 

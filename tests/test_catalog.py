@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from raytpu import catalog
+from raytpu import catalog, generations
 from raytpu_cli.main import main
 
 # (generation, topology, machine type or None, hosts, chips, chips/host, pod type, multi-host)
@@ -70,7 +70,7 @@ INVALID = [
     ids=[f"{v[0]}-{v[1]}-{v[2] or 'default'}" for v in INVALID],
 )
 def test_invalid_shapes_name_field_value_and_valid_ones(gen, topology, machine, field, valid_text):
-    with pytest.raises(catalog.CatalogError) as caught:
+    with pytest.raises(generations.CatalogError) as caught:
         catalog.shape(gen, topology, machine_type=machine)
     error = caught.value
     assert error.field == field
@@ -80,7 +80,7 @@ def test_invalid_shapes_name_field_value_and_valid_ones(gen, topology, machine, 
 
 def test_every_common_shape_is_consistent_and_accepted():
     shapes = catalog.common_shapes()
-    assert {s.generation.name for s in shapes} == set(catalog.GENERATIONS)
+    assert {s.generation.name for s in shapes} == set(generations.GENERATIONS)
     for s in shapes:
         assert s.hosts * s.chips_per_host == s.chips, s.name
         again = catalog.shape(s.generation.name, s.topology, machine_type=s.machine_type)
@@ -122,7 +122,7 @@ def test_shape_from_machine_type(machine, topology, hosts):
 def test_shape_from_gke_labels_decides_by_chips_per_host():
     assert catalog.shape_from_gke_labels("tpu-v6e-slice", "2x4", 4).hosts == 2
     assert catalog.shape_from_gke_labels("tpu-v6e-slice", "2x4", 8).hosts == 1
-    with pytest.raises(catalog.CatalogError, match="tpu-v6e-slice"):
+    with pytest.raises(generations.CatalogError, match="tpu-v6e-slice"):
         catalog.shape_from_gke_labels("tpu-v9-slice", "2x4", 4)
 
 
@@ -170,5 +170,5 @@ def test_cli_invalid_shape_exits_2_with_message(argv, message, capsys):
 def test_cli_table_lists_every_generation(capsys):
     assert main(["catalog"]) == 0
     out = capsys.readouterr().out
-    for gen in catalog.GENERATIONS:
+    for gen in generations.GENERATIONS:
         assert f"\n{gen} " in out

@@ -11,7 +11,8 @@ import requests
 
 from infra.config.schema import ConfigError
 from raytpu import errors
-from raytpu.catalog import CatalogError, shape
+from raytpu.catalog import shape
+from raytpu.generations import CatalogError
 from raytpu_cli import failure
 from raytpu_cli.common import UsageError
 from workloads.slices.reservation import SliceReservationError

@@ -10,7 +10,7 @@ from policies_factories import DELETE, cluster_spec, edit, ray_object, tpu_group
 from policies.resources import CLUSTER_SPEC_PATH
 from policies.rules import Advisory
 from policies.rules.ray_groups import WEBHOOK_ERROR, check_worker_groups
-from raytpu import catalog
+from raytpu import catalog, generations
 
 KINDS = ["RayCluster", "RayService", "RayJob"]
 UNKNOWN_STRING = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
@@ -222,7 +222,7 @@ def test_never_looser_than_the_webhook():
         "3x3",
         "2x3",
     ]
-    accelerators = [g.gke_accelerator for g in catalog.GENERATIONS.values()]
+    accelerators = [g.gke_accelerator for g in generations.GENERATIONS.values()]
     webhook_rejected = accepted = 0
     for accelerator in accelerators:
         for topology in topologies:

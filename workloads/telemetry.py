@@ -30,7 +30,8 @@ from typing import Any
 
 from raytpu import errors
 from raytpu import metric_names as mn
-from raytpu.catalog import GENERATIONS, SliceShape
+from raytpu.catalog import SliceShape
+from raytpu.generations import GENERATIONS
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from infra.config.reader import Problems
 from infra.config.schema import NAMESPACE
-from raytpu import catalog
+from raytpu import catalog, generations
 from raytpu.ray_versions import MINIMUM_RAY_VERSION, image_version, parse_version
 
 MIN_RAY_VERSION = parse_version(MINIMUM_RAY_VERSION)
@@ -99,7 +99,7 @@ def catalog_free_machine(machine_type: str) -> bool:
     """True unless ``machine_type`` is a TPU host (those belong in ``ray-tpu:slices``)."""
     try:
         catalog.shape_from_machine_type(machine_type, None)
-    except catalog.CatalogError as error:
+    except generations.CatalogError as error:
         return error.field == "machineType" and error.value == machine_type
     return False
 

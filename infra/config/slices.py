@@ -7,7 +7,7 @@ from typing import Any
 from infra.config.gcp_rules import RESERVATION_RE, SLICE_NAME_MAX, check_zone
 from infra.config.reader import Problems, Section, int_range, name_check, name_valid
 from infra.config.schema import MAX_SLICE_COUNT, NAMESPACE, PROVISIONING, SliceConfig
-from raytpu import catalog
+from raytpu import catalog, generations
 
 
 def parse_slice(problems: Problems, index: int, raw: Any, region: str | None) -> SliceConfig | None:
@@ -27,7 +27,7 @@ def parse_slice(problems: Problems, index: int, raw: Any, region: str | None) ->
     if not s.ok:
         return None
     name = s.get("name", str, valid=name_valid(SLICE_NAME_MAX), check=name_check(SLICE_NAME_MAX))
-    gen = s.get("generation", str, valid=", ".join(catalog.GENERATIONS))
+    gen = s.get("generation", str, valid=", ".join(generations.GENERATIONS))
     topology = s.get(
         "topology", str, valid="a topology string such as 2x4 or 2x2x4", hint="quote it"
     )
@@ -36,7 +36,7 @@ def parse_slice(problems: Problems, index: int, raw: Any, region: str | None) ->
     if gen is not None and topology is not None:
         try:
             shape = catalog.shape(gen, topology, machine_type=machine)
-        except catalog.CatalogError as error:
+        except generations.CatalogError as error:
             hint = f" ({error.args[0].split(' (', 1)[1]}" if " (" in error.args[0] else ""
             problems.errors.append(
                 f"{path}.{error.field}: "

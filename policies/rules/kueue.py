@@ -35,7 +35,7 @@ from policies.resources import (
     worker_groups,
 )
 from policies.rules.stack import pool_slices
-from raytpu import catalog
+from raytpu import catalog, generations
 from raytpu.kueue import PRIORITY_LABEL, QUEUE_LABEL
 
 KUEUE_GROUP = "kubernetes:kueue.x-k8s.io/"
@@ -77,10 +77,10 @@ def _tpu_flavors(resources: Sequence[ResourceLike]) -> dict[str, _Flavor]:
             continue
         try:
             chips = math.prod(catalog.parse_topology(topology))
-        except catalog.CatalogError:
+        except generations.CatalogError:
             continue
         shape = f"{accelerator} {topology}"
-        gens = [g for g in catalog.GENERATIONS.values() if g.gke_accelerator == accelerator]
+        gens = [g for g in generations.GENERATIONS.values() if g.gke_accelerator == accelerator]
         if gens:
             shape = f"{gens[0].name} {topology}"
         found[_name(resource)] = _Flavor(_name(resource), labels, shape, chips)
@@ -230,7 +230,7 @@ def _shape_of(resource: ResourceLike) -> str:
         accelerator, topology = group.accelerator, group.topology
         if isinstance(accelerator, str) and isinstance(topology, str):
             gens = [
-                g.name for g in catalog.GENERATIONS.values() if g.gke_accelerator == accelerator
+                g.name for g in generations.GENERATIONS.values() if g.gke_accelerator == accelerator
             ]
             return f"{gens[0] if gens else accelerator} {topology}"
     return "no TPU group"

@@ -20,12 +20,12 @@ from typing import Any
 from policies.props import as_int, as_list, as_map, is_unknown
 from policies.resources import NodePool, node_pool
 from policies.rules import Advisory
-from raytpu import catalog
+from raytpu import catalog, generations
 
 
 @functools.cache
-def _known_machines() -> dict[str, catalog.Generation]:
-    return {m: g for g in catalog.GENERATIONS.values() for m, _ in g.machine_types}
+def _known_machines() -> dict[str, generations.Generation]:
+    return {m: g for g in generations.GENERATIONS.values() for m, _ in g.machine_types}
 
 
 def check_node_pool(props: Mapping[str, Any]) -> list[str]:
@@ -67,7 +67,7 @@ def check_pool_shape(pool: NodePool, topology: Any = None, source: str = "") -> 
     where = source or "placementPolicy.tpuTopology"
     try:
         shape = pool.shape(topo)
-    except catalog.CatalogError as error:
+    except generations.CatalogError as error:
         stated = f"{where} {topo!r}" if topo else "no tpuTopology (one host)"
         return [
             f"nodeConfig.machineType/{where}: {pool.machine_type!r} with {stated} is not a TPU "
@@ -123,7 +123,7 @@ def _single_host_topology(pool: NodePool, shape: catalog.SliceShape) -> str:
                 f"; for a {multi.hosts}-host {shape.topology} slice use machine type "
                 f"{multi.machine_type} ({multi.chips_per_host} chips per host)"
             )
-    except catalog.CatalogError:
+    except generations.CatalogError:
         pass
     return (
         f"placementPolicy.tpuTopology: {shape.topology!r} is set on a single-host pool "

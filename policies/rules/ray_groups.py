@@ -24,7 +24,7 @@ from typing import Any
 from policies.props import is_unknown
 from policies.resources import WorkerGroup, worker_groups
 from policies.rules import Advisory
-from raytpu import catalog
+from raytpu import catalog, generations
 
 WEBHOOK_ERROR = "Number of workers in worker group not equal to specified topology"
 
@@ -110,7 +110,7 @@ def check_group(group: WorkerGroup) -> list[str]:
         if not isinstance(value, str) or not value
     ]
     if missing:
-        valid_accelerators = ", ".join(g.gke_accelerator for g in catalog.GENERATIONS.values())
+        valid_accelerators = ", ".join(g.gke_accelerator for g in generations.GENERATIONS.values())
         details = []
         for label in missing:
             if label == catalog.GKE_ACCELERATOR_LABEL:
@@ -124,7 +124,7 @@ def check_group(group: WorkerGroup) -> list[str]:
         return violations
     try:
         shape = group.shape()
-    except catalog.CatalogError as error:
+    except generations.CatalogError as error:
         expected = webhook_hosts(topology, chips_per_host)
         webhook = ""
         if expected is not None and group.hosts != expected:

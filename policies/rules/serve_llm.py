@@ -26,7 +26,7 @@ import yaml
 
 from policies.props import as_list, get, is_unknown
 from policies.resources import pod_templates, worker_groups
-from raytpu import catalog
+from raytpu import catalog, generations
 from raytpu.entrypoints import LLM_IMPORT_PATH
 from raytpu.ray_versions import image_version, vllm_image_problems
 
@@ -108,7 +108,7 @@ def _group_shape(props: Mapping[str, Any]) -> tuple[catalog.SliceShape | None, s
         return None, ""  # not known yet, or the worker-group rule reports it
     try:
         shape = catalog.shape_from_gke_labels(str(accelerator), str(topology), int(chips))
-    except (catalog.CatalogError, ValueError, TypeError):
+    except (generations.CatalogError, ValueError, TypeError):
         return None, ""  # the worker-group rule reports a shape that does not exist
     if shape.multi_host:
         return None, (

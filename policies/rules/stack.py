@@ -31,7 +31,7 @@ from policies.resources import (
 )
 from policies.rules import Advisory
 from policies.rules.node_pool import check_pool_shape
-from raytpu import catalog
+from raytpu import catalog, generations
 
 ShapeKey = tuple[str, str, int]
 
@@ -69,7 +69,7 @@ def pool_slices(resource: ResourceLike, policies: Sequence[ResourceLike] = ()) -
     topology = pool.topology
     try:
         gen = catalog.shape_from_machine_type(pool.machine_type, None).generation
-    except catalog.CatalogError:
+    except generations.CatalogError:
         return None
     if topology is None and gen.workload_policy:
         topology = _workload_topology(pool, policies)
@@ -77,7 +77,7 @@ def pool_slices(resource: ResourceLike, policies: Sequence[ResourceLike] = ()) -
         return None
     try:
         shape = pool.shape(topology)
-    except catalog.CatalogError:
+    except generations.CatalogError:
         return None
     if shape.multi_host:
         return _key(shape), 1
@@ -117,7 +117,7 @@ def check_slices_for_groups(resources: Sequence[ResourceLike]) -> list[str]:
                 continue
             try:
                 shape = group.shape()
-            except (catalog.CatalogError, TypeError, ValueError):
+            except (generations.CatalogError, TypeError, ValueError):
                 continue  # rule 2 reports the shape itself
             replicas = group.slices_wanted
             if is_unknown(replicas) or not isinstance(replicas, int):
@@ -175,7 +175,7 @@ def check_workload_policies(resources: Sequence[ResourceLike]) -> list[str]:
         pool = node_pool(resource.props)
         try:
             gen = catalog.shape_from_machine_type(pool.machine_type, None).generation
-        except catalog.CatalogError:
+        except generations.CatalogError:
             continue
         if not gen.workload_policy or not isinstance(pool.policy_name, str):
             continue
