@@ -176,7 +176,8 @@ def _hit_rate(before: dict[str, Any] | None, after: dict[str, Any] | None) -> fl
 
 
 def traffic(checkpoint_dir: str, rates: Sequence[float], duration_s: float, seed: int) -> list:
-    from workloads.serving.app import ServeOptions, build_app, deploy, shutdown
+    from workloads.serving.app import build_app, deploy, shutdown
+    from workloads.serving.replica import ServeOptions
     from workloads.sim.local_cluster import LocalSliceCluster
 
     shape = serve_shape()
@@ -285,7 +286,7 @@ def decode_cost(repeats: int) -> list[dict[str, Any]]:
 
         def engine(ids=ids):
             kv = d.new_cache(cfg, 1, None)
-            state = d.prefill(params, cfg, kv, ids, [0], [0.0], 0)
+            state = d.prefill(params, cfg, kv, d.PrefillInputs.fresh(ids, [0.0]))
             jax.block_until_ready(state.logits)
             began = time.perf_counter()
             d.decode(params, cfg, state, DECODE_STEPS, cap=256)
@@ -293,7 +294,7 @@ def decode_cost(repeats: int) -> list[dict[str, Any]]:
 
         def bare_loop(ids=ids):
             kv = d.new_cache(cfg, 1, None)
-            state = d.prefill(params, cfg, kv, ids, [0], [0.0], 0)
+            state = d.prefill(params, cfg, kv, d.PrefillInputs.fresh(ids, [0.0]))
             token = jnp.argmax(state.logits, -1).astype(jnp.int32)
             jax.block_until_ready(token)
             began = time.perf_counter()

@@ -171,6 +171,7 @@ class DemoRun:
 
     def run(self) -> tuple[list[tuple[str, str]], bool, bool]:
         from workloads.serving import app as serving
+        from workloads.serving.replica import ServeOptions
         from workloads.sim.gcs_emulator import GcsEmulator
         from workloads.sim.local_cluster import LocalSliceCluster, free_port
 
@@ -194,7 +195,7 @@ class DemoRun:
                 )
                 stack.callback(serving.shutdown)
                 # The demo's prompts are short: compile the other prompt lengths on first use.
-                options = serving.ServeOptions(precompile=False)
+                options = ServeOptions(precompile=False)
                 handle = serving.deploy(
                     serving.build_app(
                         self.config.checkpoint_dir, serve_slice.shape, options=options

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from policies_factories import cluster_spec, node_pool_props, ray_object, tpu_group
 
 from raytpu import catalog
-from workloads.serving.app import (
+from workloads.serving.requests import (
     RequestError,
     error_reply,
     pad_to_bucket,

@@ -356,7 +356,7 @@ def test_serve_deployment_follows_the_replica_bounds(
 
 
 def test_the_deployment_name_is_workloads_serve_s() -> None:
-    from workloads.serving.app import TextGenerator
+    from workloads.serving.replica import TextGenerator
 
     assert TextGenerator.name == entrypoints.SERVE_DEPLOYMENT
 

@@ -164,7 +164,7 @@ def _post(replica, path: str, body: dict) -> tuple[int, dict]:
 
 def test_a_preset_checkpoint_is_served_over_the_openai_completions_route(preset_checkpoint):
     from workloads.model.checkpoint import restore_params
-    from workloads.serving.app import ServeOptions, TextGenerator
+    from workloads.serving.replica import ServeOptions, TextGenerator
 
     options = ServeOptions(max_batch_size=2, prefix_cache=False, precompile=False)
     replica = TextGenerator.func_or_class(preset_checkpoint, options)

@@ -144,6 +144,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 
     from workloads.serving import app as serving
     from workloads.serving.fallback import FallbackConfig
+    from workloads.serving.replica import ServeOptions
     from workloads.slices.reservation import SliceReservationError, reserve_slices
     from workloads.training.config import TrainConfig
     from workloads.training.driver import TrainingError, run_training
@@ -210,7 +211,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                 serving.build_app(
                     config.checkpoint_dir,
                     serve_slice.shape,
-                    options=serving.ServeOptions(precompile=False),  # short prompts only here
+                    options=ServeOptions(precompile=False),  # short prompts only here
                     fallback=fallback,
                     slice_name=serve_slice.name,
                     tpu_timeout_s=120.0,  # the first requests compile

@@ -8,7 +8,7 @@ from gcs_fixture import gcs_or_skip
 
 from raytpu.catalog import shape
 from workloads import storage
-from workloads.serving.app import batch_buckets
+from workloads.serving.requests import batch_buckets
 from workloads.sim import gcs_emulator
 from workloads.slices.reservation import ray_splits_slice
 

@@ -104,9 +104,15 @@ def test_local_rows_point_fillers_past_the_end():
 @pytest.mark.parametrize(
     ("call", "fragment"),
     [
-        (lambda: place((16,), 6, 4), r"batch size: 6 on 4 device\(s\) is not valid"),
+        (
+            lambda: place((16,), 6, 4),
+            r"batch size: 6 is not valid; valid: a positive multiple of the device count \(4\)",
+        ),
         (lambda: place((16,) * 3, 2, 1), r"requests: 3 is not valid; valid: 1..2"),
-        (lambda: plan_prefill((16, 32), (True,), 1, (2,)), r"real: 1 flags is not valid"),
+        (
+            lambda: plan_prefill((16, 32), (True,), 1, (2,)),
+            r"real: 1 is not valid; valid: one flag per slot \(2\)",
+        ),
     ],
     ids=["size-not-a-device-multiple", "more-requests-than-slots", "flags-per-slot"],
 )
@@ -131,16 +137,17 @@ MIXED = ["short", "x" * 150 + " a long prompt", "mid-length prompt, " * 3, "hi"]
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_a_mixed_batch_prefills_by_width_and_gives_the_uncached_tokens(tiny, stream):
     from workloads.serving.engine import decode
-    from workloads.serving.engine.engine import Engine, Row, Timing
+    from workloads.serving.engine.engine import Engine, Row
 
     cfg, params = tiny
     rows = [Row(p, n, 0.0) for p, n in zip(MIXED, (6, 4, 5, 3), strict=True)]
     engine = Engine(params, cfg, None, (1, 2, 4), cap=16)
     if stream:
-        timing, got = Timing(), [[] for _ in rows]
-        for chunk in engine.stream(rows, seed=1, chunk=2, timing=timing):
-            for row, tokens in zip(got, chunk, strict=True):
+        got = [[] for _ in rows]
+        for chunk in engine.stream(rows, seed=1, chunk=2):
+            for row, tokens in zip(got, chunk.tokens, strict=True):
                 row.extend(tokens)
+        timing = chunk.timing
     else:
         got, timing = engine.generate(rows, seed=1)
     expected = decode.generate_tokens_uncached(

@@ -80,7 +80,7 @@ def test_a_shared_system_prompt_skips_its_prefill_and_changes_no_token(tiny, dev
     _, cold = engine.generate(first, seed=1)
     assert cold.cached_tokens == 0 and cache.counts.misses == 4  # 71 bytes: 4 full blocks
     tokens, warm = engine.generate(second, seed=2)
-    assert warm.cached_tokens == 48 and warm.tiers == [tier]
+    assert warm.cached_tokens == 48 and [hit.tier for hit in warm.hits] == [tier]
     assert cache.counts.hits[tier] >= 1 and cache.counts.skipped_tokens == 48
     assert warm.prefill_tokens == len(second[0].prompt) - 48
     # The work skipped: the prefill program is a quarter as wide (length buckets 128 -> 32).

@@ -250,13 +250,14 @@ def test_checkpoint_restores_identical_parameters_from_gs(trained):
 @pytest.fixture(scope="module")
 def serving(trained):
     from workloads.serving import app as serving_module
+    from workloads.serving.replica import ServeOptions
 
     config, *_ = trained
     handle = serving_module.deploy(
         serving_module.build_app(
             config.checkpoint_dir,
             V6E_2X2,
-            options=serving_module.ServeOptions(precompile=False),  # short prompts only here
+            options=ServeOptions(precompile=False),  # short prompts only here
         ),
         port=free_port(),
         timeout_s=180,

@@ -68,6 +68,7 @@ def checkpoint(tmp_path_factory):
 def served(checkpoint, stub):
     from workloads.serving import app as serving
     from workloads.serving.fallback import FallbackConfig
+    from workloads.serving.replica import ServeOptions
 
     fallback = FallbackConfig(
         "openai", stub.url, "stub", timeout_s=5, backoff_s=0.05, probe_after_s=PROBE_AFTER_S
@@ -79,7 +80,7 @@ def served(checkpoint, stub):
             tpu_per_replica=2,
             num_replicas=2,
             # Batches of at most 2 (one bucket to compile), 1 request in flight per replica.
-            options=serving.ServeOptions(max_batch_size=2, max_queue=1),
+            options=ServeOptions(max_batch_size=2, max_queue=1),
             fallback=fallback,
             tpu_timeout_s=TPU_TIMEOUT_S,
         )

@@ -51,13 +51,14 @@ def checkpoint(tmp_path_factory):
 def serving(checkpoint):
     from workloads.serving import app as serving_module
     from workloads.serving.fallback import FallbackConfig
+    from workloads.serving.replica import ServeOptions
 
     with LocalSliceCluster([SliceChoice("serve", V6E_2X2, 1)]):
         handle = serving_module.deploy(
             serving_module.build_app(
                 checkpoint,
                 V6E_2X2,
-                options=serving_module.ServeOptions(
+                options=ServeOptions(
                     batch_wait_s=BATCH_WAIT_S, adaptive=False, max_batch_size=4, precompile=False
                 ),
                 fallback=FallbackConfig("deployment"),

@@ -9,13 +9,13 @@ import pytest
 
 from raytpu.catalog import SliceShape, shape
 from workloads.data import corpus
-from workloads.serving.app import (
+from workloads.serving.app import build_app
+from workloads.serving.requests import (
     MAX_NEW_TOKENS,
     MAX_PROMPT_CHARS,
     PAD_REQUEST,
     GenerateRequest,
     RequestError,
-    build_app,
     pad_to_bucket,
     parse_request,
 )
@@ -340,12 +340,12 @@ def test_decode_resumes_and_a_cached_prefix_block_replaces_its_prefill():
     cfg = m.ModelConfig(**TINY_CONTEXT)
     params = m.init_state(cfg, jax.random.PRNGKey(2)).params
     ids = [d.prompt_ids(cfg, "The system prompt. Then the user", 8)]
-    whole = d.prefill(params, cfg, d.new_cache(cfg, 1, None), ids, [0], [0.0], seed=5)
+    whole = d.prefill(params, cfg, d.new_cache(cfg, 1, None), d.PrefillInputs.fresh(ids, [0.0], 5))
     block = d.read_block(cfg, whole.kv, 0, 0, 16)
     once, _ = d.decode(params, cfg, whole, 8)
 
     kv = d.write_block(cfg, d.new_cache(cfg, 1, None), block, 0, 0)
-    state = d.prefill(params, cfg, kv, ids, [16], [0.0], seed=5)
+    state = d.prefill(params, cfg, kv, d.PrefillInputs(tuple(ids), (16,), (0.0,), seed=5))
     first, state = d.decode(params, cfg, state, 3)
     rest, _ = d.decode(params, cfg, state, 5)
     assert once.tolist() == [[*first[0].tolist(), *rest[0].tolist()]]

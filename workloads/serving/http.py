@@ -1,4 +1,4 @@
-"""HTTP pieces shared by the replica (:mod:`workloads.serving.app`) and the router
+"""HTTP pieces shared by the replica (:mod:`workloads.serving.replica`) and the router
 (:mod:`workloads.serving.router`): a reply's head, refusals in each route's error shape, and
 Starlette responses, streamed for server-sent events."""
 

@@ -2,7 +2,7 @@
 KV-cached engine (:mod:`workloads.serving.engine`, prefix cache included) or a preset's
 :class:`workloads.serving.engine.sampler.Sampler` (the family's decode step, no KV cache).
 
-jax is imported inside: the driver imports :mod:`workloads.serving.app` without it.
+jax is imported inside: the driver imports :mod:`workloads.serving.replica` without it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def load_replica_model(
     max_new_tokens: int,
 ) -> ReplicaModel:
     """The latest checkpoint's parameters replicated over ``mesh`` and what decodes them;
-    ``options`` (:class:`workloads.serving.app.ServeOptions`) says how the byte LM's prefix
+    ``options`` (:class:`workloads.serving.replica.ServeOptions`) says how the byte LM's prefix
     cache is sized and whether every bucket is compiled now."""
     from workloads.model import byte_lm as model
     from workloads.model.checkpoint import restore_params

@@ -3,7 +3,7 @@ no capacity (:mod:`workloads.serving.fallback` defines both words).
 
 The router validates a request exactly as a replica does (so a bad request is refused here, not
 sent upstream), then asks the TPU deployment through a streaming handle call
-(:meth:`workloads.serving.app.TextGenerator.respond`). If that call cannot be placed (no replica,
+(:meth:`workloads.serving.replica.TextGenerator.respond`). If that call cannot be placed (no replica,
 back-pressure, the replica died), gives no first part within ``tpu_timeout_s``, or answers 503,
 the request goes to the fallback. An unreachable TPU deployment (not a busy one: back-pressure
 and 503 are per request) also opens a circuit breaker: for ``fallback.probe_after_s`` every

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from raytpu.errors import invalid
 from workloads.model import byte_lm as m
 from workloads.serving.engine.prefill_plan import FILLER, PrefillGroup
 
@@ -43,7 +44,7 @@ def length_bucket(length: int, limit: int) -> int:
     """The prefill length for ``length`` tokens: the next power of two >= MIN_BUCKET, at most
     ``limit``."""
     if not 1 <= length <= limit:
-        raise ValueError(f"prompt tokens: {length} is not valid; valid: 1..{limit}")
+        raise ValueError(invalid("prompt tokens", length, f"1..{limit}"))
     bucket = MIN_BUCKET
     while bucket < length:
         bucket *= 2
@@ -55,10 +56,8 @@ def prompt_ids(cfg: m.ModelConfig, prompt: str, max_new_tokens: int) -> np.ndarr
     last ``context_len - max_new_tokens``); an empty prompt reads as one space."""
     room = cfg.context_len - max_new_tokens
     if max_new_tokens < 1 or room < 1:
-        raise ValueError(
-            f"max_new_tokens: {max_new_tokens} is not valid; valid: 1..{cfg.context_len - 1} "
-            f"(context_len {cfg.context_len})"
-        )
+        valid = f"1..{cfg.context_len - 1} (context_len {cfg.context_len})"
+        raise ValueError(invalid("max_new_tokens", max_new_tokens, valid))
     ids = m.encode(prompt)[-room:]
     return ids if len(ids) else np.array([PAD_TOKEN], np.int32)
 
@@ -203,31 +202,53 @@ def write_block(cfg: m.ModelConfig, kv: m.KVCache, block: Any, row: int, start: 
     return _compiled(cfg)["write_block"](kv, block, row, start)
 
 
+@dataclass(frozen=True)
+class PrefillInputs:
+    """What a batch's prefill takes, one entry per row: its prompt tokens, where its prefill
+    starts (the tokens before are in the cache already: a prefix-cache hit), its sampling
+    temperature; and the batch's sampling seed."""
+
+    ids: tuple[np.ndarray, ...]
+    starts: tuple[int, ...]
+    temperatures: tuple[float, ...]
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        rows = len(self.ids)
+        for name in ("starts", "temperatures"):
+            if len(getattr(self, name)) != rows:
+                raise ValueError(invalid(name, getattr(self, name), f"{rows} entries, one per row"))
+        lengths = [len(row) for row in self.ids]
+        if any(not 0 <= s < n for s, n in zip(self.starts, lengths, strict=True)):
+            raise ValueError(invalid("starts", self.starts, "0 <= start < prompt length"))
+
+    @classmethod
+    def fresh(cls, ids: Sequence[np.ndarray], temperatures: Sequence[float], seed: int = 0):
+        """Every row prefilled from its first token (no cache hit)."""
+        return cls(tuple(ids), (0,) * len(ids), tuple(temperatures), seed)
+
+
 def prefill(
     params: Any,
     cfg: m.ModelConfig,
     kv: m.KVCache,
-    ids: list[np.ndarray],
-    starts: list[int],
-    temperatures: list[float],
-    seed: int,
+    inputs: PrefillInputs,
     mesh: jax.sharding.Mesh | None = None,
     groups: Sequence[PrefillGroup] = (),
 ) -> DecodeState:
-    """Run each row's prompt tokens from ``starts[row]`` on (earlier positions must already be
-    in ``kv``; ``kv`` is donated) and return the state to decode from: in one program padded to
+    """Run each row's prompt tokens from its start on (earlier positions must already be in
+    ``kv``; ``kv`` is donated) and return the state to decode from: in one program padded to
     the longest row, or with ``groups`` one width group at a time (:func:`_by_width`)."""
+    ids = list(inputs.ids)
     lengths = np.array([len(row) for row in ids], np.int32)
-    begin = np.array(starts, np.int32)
-    if np.any(begin < 0) or np.any(begin >= lengths):
-        raise ValueError(f"starts: {starts} is not valid; valid: 0 <= start < prompt length")
+    begin = np.array(inputs.starts, np.int32)
     place = functools.partial(m.place_batch, mesh=mesh)
     if groups:
         logits, kv = _by_width(params, cfg, mesh, kv, ids, begin, groups)
     else:
         logits, kv = _joint(params, cfg, mesh, kv, ids, begin)
-    temps = place(np.asarray(temperatures, np.float32))
-    return DecodeState(kv, logits, place(lengths), temps, jax.random.PRNGKey(seed), mesh)
+    temps = place(np.asarray(inputs.temperatures, np.float32))
+    return DecodeState(kv, logits, place(lengths), temps, jax.random.PRNGKey(inputs.seed), mesh)
 
 
 def _joint(params: Any, cfg: m.ModelConfig, mesh: Any, kv: m.KVCache, ids: list, begin: Any):
@@ -291,7 +312,7 @@ def decode(
     from. ``cap`` (>= steps, default: the next power of two) is the compiled output width."""
     cap = cap or length_bucket(steps, max(steps, MIN_BUCKET) * 2)
     if not 1 <= steps <= cap:
-        raise ValueError(f"steps: {steps} is not valid; valid: 1..{cap}")
+        raise ValueError(invalid("steps", steps, f"1..{cap}"))
     out, kv, logits, positions, key = _compiled(cfg, state.mesh)["decode"](
         params,
         state.kv,
@@ -324,7 +345,7 @@ def generate_tokens(
         return []
     ids = [prompt_ids(cfg, p, n) for p, n in zip(prompts, max_new_tokens, strict=True)]
     kv = new_cache(cfg, len(prompts), mesh)
-    state = prefill(params, cfg, kv, ids, [0] * len(ids), temperatures, seed, mesh)
+    state = prefill(params, cfg, kv, PrefillInputs.fresh(ids, temperatures, seed), mesh)
     tokens, _ = decode(params, cfg, state, max(max_new_tokens))
     return [row[:n].tolist() for row, n in zip(tokens, max_new_tokens, strict=True)]
 

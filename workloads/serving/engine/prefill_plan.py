@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from raytpu.errors import invalid
+
 FILLER = -1
 """A sub-batch row or a slot with no request: computed (or left empty) and dropped."""
 
@@ -53,10 +55,8 @@ class PrefillPlan:
 
 def _check(size: int, devices: int) -> int:
     if devices < 1 or size < devices or size % devices:
-        raise ValueError(
-            f"batch size: {size} on {devices} device(s) is not valid; valid: a positive "
-            f"multiple of the device count"
-        )
+        valid = f"a positive multiple of the device count ({devices})"
+        raise ValueError(invalid("batch size", size, valid))
     return size // devices
 
 
@@ -69,7 +69,7 @@ def place(widths: Sequence[int], size: int, devices: int) -> tuple[int, ...]:
     """
     per = _check(size, devices)
     if len(widths) > size:
-        raise ValueError(f"requests: {len(widths)} is not valid; valid: 1..{size} (batch size)")
+        raise ValueError(invalid("requests", len(widths), f"1..{size} (batch size)"))
     slots = [FILLER] * size
     if len(set(widths)) <= 1:
         slots[: len(widths)] = range(len(widths))
@@ -93,7 +93,7 @@ def plan_prefill(
     size = len(widths)
     per = _check(size, devices)
     if len(real) != size:
-        raise ValueError(f"real: {len(real)} flags is not valid; valid: one per slot ({size})")
+        raise ValueError(invalid("real", len(real), f"one flag per slot ({size})"))
     joint = size * max(widths)
     by_width: dict[int, list[int]] = {}
     for slot, (width, used) in enumerate(zip(widths, real, strict=True)):

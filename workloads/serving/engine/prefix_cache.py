@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from raytpu.errors import invalid
+
 BLOCK_TOKENS = 16
 DEVICE_BLOCKS = 512
 """Default device-tier bound: 512 blocks of 16 tokens (8192 tokens of KV)."""
@@ -45,7 +47,7 @@ def block_hashes(
 ) -> list[str]:
     """The hash of every full block of ``ids`` (at most ``limit`` tokens' worth)."""
     if block < 1:
-        raise ValueError(f"block: {block!r} is not valid; valid: an integer >= 1")
+        raise ValueError(invalid("block", block, "an integer >= 1"))
     usable = len(ids) if limit is None else min(len(ids), limit)
     tokens = np.asarray(ids, np.int32)
     previous = hashlib.sha256(model_tag.encode()).digest()
@@ -61,7 +63,7 @@ class LRUTier:
 
     def __init__(self, name: str, capacity: int) -> None:
         if capacity < 0:
-            raise ValueError(f"{name} capacity: {capacity!r} is not valid; valid: >= 0 blocks")
+            raise ValueError(invalid(f"{name} capacity", capacity, ">= 0 blocks"))
         self.name, self.capacity = name, capacity
         self._items: OrderedDict[str, Any] = OrderedDict()
 
@@ -172,6 +174,27 @@ class Counts:
         }
 
 
+@dataclass(frozen=True)
+class PrefixHit:
+    """One row's prefix-cache hit: the prompt tokens its cache row got from the cache (its
+    prefill starts there) and the tier of its last hit block (``""``: no hit)."""
+
+    start: int = 0
+    tier: str = ""
+
+
+@dataclass(frozen=True)
+class LoadedPrefix:
+    """A fresh cache with each row's hit blocks written in, and each row's hit."""
+
+    kv: Any
+    hits: tuple[PrefixHit, ...]
+
+    @property
+    def starts(self) -> tuple[int, ...]:
+        return tuple(hit.start for hit in self.hits)
+
+
 class PrefixCache:
     """One replica's view: device and host tiers, and the shared directory if there is one.
 
@@ -220,9 +243,8 @@ class PrefixCache:
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
             return [[] for _ in wanted]  # the shared tier is an optimisation: prefill instead
 
-    def load(self, kv: Any, ids: list[np.ndarray]) -> tuple[Any, list[int], list[str]]:
-        """``kv`` with each row's cached leading blocks written in, each row's prefill start,
-        and the tier of each row's last hit block (``""`` for none)."""
+    def load(self, kv: Any, ids: Sequence[np.ndarray]) -> LoadedPrefix:
+        """``kv`` with each row's cached leading blocks written in, and each row's hit."""
         from workloads.serving.engine import decode
 
         hashes = [self._hashes(row) for row in ids]
@@ -238,7 +260,7 @@ class PrefixCache:
         remote = self._fetch_shared(
             [row[len(hit) :] for row, hit in zip(hashes, local, strict=True)]
         )
-        starts, tiers, counts = [], [], Counts()
+        hits_by_row, counts = [], Counts()
         for row, (keys, hits, extra) in enumerate(zip(hashes, local, remote, strict=True)):
             blocks = [*hits, *[("shared", value) for value in extra]]
             for index, (tier, value) in enumerate(blocks):
@@ -248,14 +270,14 @@ class PrefixCache:
                     self._keep(keys[index], _on_device(value))
             counts.misses += len(keys) - len(blocks)
             counts.skipped_tokens += len(blocks) * self.block
-            starts.append(len(blocks) * self.block)
-            tiers.append(blocks[-1][0] if blocks else "")
+            tier = blocks[-1][0] if blocks else ""
+            hits_by_row.append(PrefixHit(len(blocks) * self.block, tier))
         self.counts.add(counts)
         if self._on_counts is not None:
             self._on_counts(counts)
-        return kv, starts, tiers
+        return LoadedPrefix(kv, tuple(hits_by_row))
 
-    def store(self, kv: Any, ids: list[np.ndarray], starts: list[int]) -> int:
+    def store(self, kv: Any, ids: Sequence[np.ndarray], starts: Sequence[int]) -> int:
         """Keep every full prompt block a prefill computed (those past each row's start) in the
         device tier and publish it to the shared tier; returns how many were new."""
         import jax
