@@ -18,7 +18,7 @@ both must end with the same parameters, bit for bit.
 
 And the ``tiny`` preset (FSDP over the slice's 8 chips) trained by the same worker loop:
 ``kill-host@3:1`` and ``hang@6:1``, each recovered from the fast tier (the sharded state gathered
-on every host), the run finished.
+on every host), the run finished; then its checkpoint served over the OpenAI API.
 """
 
 from __future__ import annotations
@@ -179,6 +179,39 @@ def test_a_killed_host_and_a_hang_are_recovered_from_the_fast_tier(request, fami
         assert [(e.kind, e.step) for e in result.events] == [("host_loss", 3), ("hang", 6)]
         assert result.final_step == PRESET_STEPS and result.scale["preset"] == "tiny"
         assert result.scale["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+
+
+def test_the_preset_run_s_checkpoint_is_served_over_the_openai_api(preset_run):
+    """What the preset run left in the bucket, served by Ray Serve on a host of the slice and
+    asked through the ``openai`` client: completions and chat, from the run's last step."""
+    import openai
+
+    from workloads.serving import app as serving
+    from workloads.serving.replica import ServeOptions
+    from workloads.sim.local_cluster import free_port
+
+    options = ServeOptions(max_batch_size=1, prefix_cache=False, precompile=False)
+    application = serving.build_app(
+        preset_run.checkpoint_dir,
+        tpu_per_replica=V6E_2X4_4T.chips_per_host,
+        num_replicas=1,
+        options=options,
+    )
+    handle = serving.deploy(application, port=free_port(), timeout_s=240)
+    try:
+        client = openai.OpenAI(base_url=handle.url + "/v1", api_key="unused", timeout=120)
+        assert [m.id for m in client.models.list()] == [options.model_name]
+        done = client.completions.create(
+            model=options.model_name, prompt="The station", max_tokens=5, temperature=0
+        )
+        assert done.usage.completion_tokens == 5 and done.choices[0].text
+        assert done.model_extra["raytpu"]["checkpoint_step"] == preset_run.final_step
+        chat = client.chat.completions.create(
+            model=options.model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+        )
+        assert chat.choices[0].message.role == "assistant"
+    finally:
+        serving.shutdown()
 
 
 def test_lost_host_resumes_from_the_fast_tier_of_its_peer(runs):
