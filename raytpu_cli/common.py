@@ -26,9 +26,9 @@ from raytpu.generations import CatalogError
 
 DEFAULT_CHECKPOINT_DIR = os.environ.get("RAYTPU_CHECKPOINT_DIR", "/tmp/raytpu/checkpoints")
 LOCAL_BUCKET = "raytpu-local"
-LOCAL_GCS_DIR = Path("/tmp/raytpu/gcs")
+LOCAL_GCS_DIR = Path(os.environ.get("RAYTPU_LOCAL_GCS_DIR", "/tmp/raytpu/gcs"))
 """``--local``: the GCS emulator keeps ``gs://`` objects here between commands (a ``gs://`` path
-of a train run is where the serve command finds it)."""
+of a train run is where the serve command finds it); ``$RAYTPU_LOCAL_GCS_DIR`` moves it."""
 
 
 class UsageError(ValueError):
@@ -119,25 +119,22 @@ def check_writable_dir(flag: str, directory: str) -> None:
         ) from None
 
 
-def check_checkpoint_dir(flag: str, directory: str) -> None:
-    """A local folder that holds at least one checkpoint step (what ``raytpu train`` writes)."""
-    if "://" in directory:
+def check_port_free(flag: str, port: int) -> None:
+    """A TCP port this machine can listen on (0: a free one is picked later)."""
+    import socket
+
+    if not 0 <= port <= 65535:
+        raise UsageError(f"{flag}: {port!r} is not valid; valid: 0 (a free port) or 1..65535")
+    if port == 0:
         return
-    path = Path(directory)
-    hint = "run `raytpu train` first, or pass --checkpoint-dir FOLDER it wrote"
-    if not path.is_dir():
-        problem = "is not a directory" if path.exists() else "does not exist"
-        raise UsageError(
-            f"{flag}: {directory!r} {problem}; valid: a folder of checkpoints ({hint})"
-        )
-    try:
-        steps = [p for p in path.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit()]
-    except OSError as error:
-        raise UsageError(f"{flag}: {directory!r} cannot be read ({error.strerror})") from None
-    if not steps:
-        raise UsageError(
-            f"{flag}: {directory!r} holds no checkpoint; valid: a folder of checkpoints ({hint})"
-        )
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as error:
+            raise UsageError(
+                f"{flag}: {port} is not valid ({error.strerror or error}); valid: a free port, "
+                "or 0 to pick one"
+            ) from None
 
 
 def project_dir(args: argparse.Namespace) -> Path:
@@ -169,33 +166,39 @@ def _stderr(line: str) -> None:
 
 
 @contextlib.contextmanager
-def ray_cluster(
-    args: argparse.Namespace,
-    slices: list[SliceChoice],
-    *,
-    log: Any = print,
-    storage: tuple[str, ...] = (),
-) -> Iterator[Any]:
-    """``--local``: the simulated cluster of ``slices``; otherwise connect to ``--address``.
+def local_storage(args: argparse.Namespace, storage: tuple[str, ...]) -> Iterator[str]:
+    """``--local``: a GCS emulator for each ``gs://BUCKET/...`` among the run's folders
+    ``storage``, keeping its objects in :data:`LOCAL_GCS_DIR` between commands (what ``raytpu
+    train --local`` wrote to ``gs://`` is where ``raytpu serve --local`` finds it). Within
+    ``with`` this process's environment points gs:// clients at it. Yields a line saying so
+    (``""`` when nothing was started)."""
+    buckets = tuple(sorted({d[5:].split("/")[0] for d in storage if d.startswith("gs://")}))
+    if not (args.local and buckets):
+        yield ""
+        return
+    from workloads.sim.gcs_emulator import GcsEmulator
 
-    ``storage``: the run's folders; for ``--local`` each ``gs://BUCKET/...`` among them is served
-    by a GCS emulator that keeps its objects in :data:`LOCAL_GCS_DIR` between commands."""
+    with GcsEmulator(buckets, data_dir=LOCAL_GCS_DIR):
+        yield f"gs:// is a local GCS emulator keeping {LOCAL_GCS_DIR}"
+
+
+@contextlib.contextmanager
+def ray_cluster(args: argparse.Namespace, slices: list[SliceChoice], console: Any) -> Iterator[Any]:
+    """``--local``: the simulated cluster of ``slices``, started under ``console``'s spinner;
+    otherwise connect to ``--address`` (or to the cluster this process runs in). Inside
+    :func:`local_storage`, every simulated host is pointed at its emulator too."""
     import ray
 
     if args.local:
-        from workloads.sim.gcs_emulator import GcsEmulator
+        from workloads.sim.gcs_emulator import EMULATOR_ENV_VARS
         from workloads.sim.local_cluster import LocalSliceCluster
 
-        buckets = tuple(sorted({d[5:].split("/")[0] for d in storage if d.startswith("gs://")}))
+        env = {name: os.environ[name] for name in EMULATOR_ENV_VARS if name in os.environ}
+        cluster = LocalSliceCluster(slices, env=env)
         with contextlib.ExitStack() as stack:
-            env: dict[str, str] = {}
-            if buckets:
-                gcs = stack.enter_context(GcsEmulator(buckets, data_dir=LOCAL_GCS_DIR))
-                env = dict(gcs.env)
-                log(f"gs://{', gs://'.join(buckets)}: a GCS emulator keeping {LOCAL_GCS_DIR}")
-            log(f"starting the simulated slice cluster: {describe_hosts(slices)}")
-            cluster = stack.enter_context(LocalSliceCluster(slices, env=env))
-            log(f"cluster up in {cluster.start_seconds:.1f} s at {cluster.address}")
+            with console.step(f"simulated slice cluster: {describe_hosts(slices)}") as done:
+                stack.enter_context(cluster)
+                done(f"{_hosts(len(cluster.hosts))} up in {cluster.start_seconds:.1f} s")
             yield cluster
         return
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
@@ -209,9 +212,13 @@ def ray_cluster(
 def describe_hosts(slices: list[SliceChoice]) -> str:
     return ", ".join(
         f"{s.count} x {s.name} ({s.shape.generation.name} {s.shape.topology}: "
-        f"{s.shape.hosts} hosts x {s.shape.chips_per_host} chips)"
+        f"{_hosts(s.shape.hosts)} x {s.shape.chips_per_host} chips)"
         for s in slices
     )
+
+
+def _hosts(count: int) -> str:
+    return f"{count} host" + ("" if count == 1 else "s")
 
 
 @dataclass(frozen=True)

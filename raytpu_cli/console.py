@@ -11,10 +11,12 @@ terminal the bars redraw in place; in a pipe each bar is printed once, when it f
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,6 +29,53 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+
+LOG_DIR_ENV = "RAYTPU_LOG_DIR"
+PIPE_WIDTH = 200
+
+
+def log_dir() -> Path:
+    """Where a run's logs (and an internal error's traceback) go: $RAYTPU_LOG_DIR, else
+    ~/.cache/raytpu/logs."""
+    configured = os.environ.get(LOG_DIR_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "raytpu" / "logs"
+
+
+def add_console_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--verbose`` and ``--log-file``, the same for every long command."""
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Ray's and JAX's logs here too (default: only in the log file)",
+    )
+    parser.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="where Ray's and JAX's logs go (default: a new file in $RAYTPU_LOG_DIR or "
+        "~/.cache/raytpu/logs; its path is printed first)",
+    )
+
+
+def open_run_console(args: argparse.Namespace, command: str) -> RunConsole:
+    """The console of one ``raytpu COMMAND`` run; prints where the logs go, first.
+
+    Raises ``ValueError`` naming ``--log-file`` when that file cannot be written."""
+    if args.log_file:
+        path = Path(args.log_file).expanduser().absolute()
+    else:
+        path = log_dir() / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("ab"):
+            pass
+    except OSError as error:
+        raise ValueError(
+            f"--log-file: {str(path)!r} is not valid ({error.strerror or error}); valid: a file "
+            "this user can create and append to"
+        ) from None
+    shown = " (--verbose: shown here too)" if args.verbose else ""
+    print(f"[{command}] Ray and JAX logs: {path}{shown}", flush=True)
+    return RunConsole(path, verbose=args.verbose)
 
 
 class RunConsole:
@@ -54,7 +103,11 @@ class RunConsole:
         self._out = os.fdopen(os.dup(self._saved[1]), "w", buffering=1, encoding="utf-8")
         self._err = os.fdopen(os.dup(self._saved[2]), "w", buffering=1, encoding="utf-8")
         terminal = os.isatty(self._saved[1])
-        self.out = Console(file=self._out, highlight=False, force_terminal=terminal or None)
+        # In a pipe rich assumes 80 columns and would cut the bars' text: lines are long there.
+        width = None if terminal else PIPE_WIDTH
+        self.out = Console(
+            file=self._out, highlight=False, force_terminal=terminal or None, width=width
+        )
         self.err = Console(file=self._err, highlight=False)
         for fd in (1, 2):
             os.dup2(self._log.fileno(), fd)
@@ -93,6 +146,18 @@ class RunConsole:
         """Pre-formatted text (a table), written as is: never wrapped."""
         self.out.file.write(text + "\n")
         self.out.file.flush()
+
+    @contextlib.contextmanager
+    def step(self, description: str) -> Iterator[Callable[[str], None]]:
+        """A spinner while the block runs, one finished line after it; the block calls what it
+        is given with the line's closing detail (``done("12 hosts up")``)."""
+        with self.progress(counted=False) as bar:
+            task = bar.add_task(description, total=None, detail="")
+
+            def done(detail: str) -> None:
+                bar.update(task, total=1, completed=1, detail=detail)
+
+            yield done
 
     @contextlib.contextmanager
     def progress(self, *, counted: bool = True) -> Iterator[Progress]:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from raytpu.table import format_table
 from raytpu_cli.common import HttpReply, SliceChoice, UsageError, describe_hosts, post_json
 from raytpu_cli.console import RunConsole
-from workloads.training.config import TrainConfig, TrainProgress, TrainResult
+from workloads.training.config import TrainConfig, TrainResult
 from workloads.training.driver import TrainingError
 
 if TYPE_CHECKING:
@@ -181,18 +181,14 @@ class DemoRun:
         with contextlib.ExitStack() as stack:
             gcs = stack.enter_context(GcsEmulator((DEMO_BUCKET,)))
             self.cluster = LocalSliceCluster([train, serve_slice], env=gcs.env)
-            with console.progress(counted=False) as bar:
-                task = bar.add_task("starting the simulated slice cluster", total=None, detail="")
+            with console.step("starting the simulated slice cluster") as done:
                 stack.enter_context(self.cluster)
-                bar.update(task, total=1, completed=1, detail=f"{len(self.cluster.hosts)} hosts up")
+                done(f"{len(self.cluster.hosts)} hosts up")
             self.phase_name = "training"
             result = self._train()
             console.phase(f"[demo] trained: loss {result.first_loss:.3f} -> {result.last_loss:.3f}")
             self.phase_name = "serving"
-            with console.progress(counted=False) as bar:
-                task = bar.add_task(
-                    "serving: deploy and compile batch sizes", total=None, detail=""
-                )
+            with console.step("serving: deploy and compile batch sizes") as done:
                 stack.callback(serving.shutdown)
                 # The demo's prompts are short: compile the other prompt lengths on first use.
                 options = ServeOptions(precompile=False)
@@ -202,7 +198,7 @@ class DemoRun:
                     ),
                     port=free_port(),
                 )
-                bar.update(task, total=1, completed=1, detail="ready")
+                done("ready")
             self.phase_name = "requests"
             with console.progress() as bar:
                 task = bar.add_task("requests", total=len(PROMPTS) + 1, detail="")
@@ -212,26 +208,9 @@ class DemoRun:
         return _summary(self.args, train, serve_slice, result, handle, replies, bad)
 
     def _train(self) -> TrainResult:
-        from workloads.training.driver import run_training
+        from raytpu_cli.train import train_under
 
-        seen: list[TrainProgress] = []
-        with self.console.progress() as bar:
-            task = bar.add_task("training", total=self.config.steps, detail="")
-
-            def show(progress: TrainProgress) -> None:
-                seen.append(progress)
-                bar.update(task, completed=progress.step, detail=_progress_text(progress))
-
-            result = run_training(self.train.shape, self.config, on_progress=show)
-            last = f"loss {result.last_loss:.3f}"
-            if seen:  # the speed as the workers last reported it
-                last = _progress_text(replace(seen[-1], loss=result.last_loss))
-            bar.update(task, completed=result.final_step, detail=last)
-        return result
-
-
-def _progress_text(progress: TrainProgress) -> str:
-    return f"loss {progress.loss:.3f}  {progress.tokens_per_s:,.0f} tokens/s"
+        return train_under(self.console, self.train.shape, self.config)
 
 
 def _summary(

@@ -17,9 +17,10 @@ import time
 import traceback
 from pathlib import Path
 
+from raytpu_cli.console import log_dir
+
 EXIT_INTERNAL = 3
 EXIT_INTERRUPTED = 130
-LOG_DIR_ENV = "RAYTPU_LOG_DIR"
 
 # name -> (module, one-line help). Add a command by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -61,19 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def crash_log_dir() -> Path:
-    """Where tracebacks of internal errors go: $RAYTPU_LOG_DIR, else ~/.cache/raytpu/logs."""
-    configured = os.environ.get(LOG_DIR_ENV)
-    return Path(configured) if configured else Path.home() / ".cache" / "raytpu" / "logs"
-
-
 def write_crash_log(error: BaseException, argv: list[str]) -> Path:
     """The traceback of ``error`` in a new log file; its path (a temp file if the dir is not writable)."""
     text = f"raytpu {' '.join(argv)}\n" + "".join(
         traceback.format_exception(type(error), error, error.__traceback__)
     )
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    for folder in (crash_log_dir(), Path(tempfile.gettempdir())):
+    for folder in (log_dir(), Path(tempfile.gettempdir())):
         try:
             folder.mkdir(parents=True, exist_ok=True)
             handle, name = tempfile.mkstemp(

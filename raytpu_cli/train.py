@@ -17,20 +17,27 @@ shards and sees only its own disk); with --local a GCS emulator serves it, keepi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
+from raytpu.table import format_table
 from raytpu_cli import failure
 from raytpu_cli.common import (
     DEFAULT_CHECKPOINT_DIR,
     LOCAL_BUCKET,
+    SliceChoice,
     UsageError,
     add_slice_arguments,
     check_seconds,
     check_writable_dir,
+    local_storage,
     ray_cluster,
     resolve_slice,
 )
+from raytpu_cli.console import RunConsole, add_console_arguments, open_run_console
 from workloads.storage import require_shared
 
 
@@ -90,76 +97,154 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="with --preset: tensor-parallel chips inside a slice; FSDP takes the rest (default 1)",
     )
+    add_console_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from workloads.training.config import TrainConfig
-    from workloads.training.driver import TrainingError, run_training
-    from workloads.training.faults import check_hosts, parse_faults
-    from workloads.training.goodput import GoodputConfig
-
     try:
-        chosen = resolve_slice(args)
-        config = TrainConfig(
-            checkpoint_dir=args.checkpoint_dir,
-            steps=args.steps,
-            global_batch=args.global_batch,
-            checkpoint_every=args.checkpoint_every,
-            goodput=GoodputConfig(
-                max_restarts=args.max_restarts,
-                spike_policy=args.spike_policy,
-                slow_policy=args.slow_policy,
-                faults=tuple(str(f) for f in parse_faults(args.inject, field="--inject")),
-            ),
-        )
-        config.validate(chosen.shape, args.num_slices)
-        scale = _scale(args, chosen.shape, config)
-        check_seconds("--reserve-timeout", args.reserve_timeout)
-        check_seconds("--start-timeout", args.start_timeout)
-        check_writable_dir("--checkpoint-dir", args.checkpoint_dir)
-        processes = chosen.shape.workers() * args.num_slices
-        check_hosts(
-            parse_faults(args.inject, field="--inject"), processes, args.steps, field="--inject"
-        )
-        try:
-            require_shared("--checkpoint-dir", args.checkpoint_dir, processes)
-        except ValueError as error:
-            hint = f" (with --local: gs://{LOCAL_BUCKET}/NAME)" if args.local else ""
-            raise UsageError(f"{error}{hint}") from None
+        plan = _plan(args)
     except (UsageError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    from workloads.training.driver import TrainingError
+
     try:
-        with ray_cluster(args, [chosen], storage=(args.checkpoint_dir,)):
-            result = run_training(
-                chosen.shape,
-                config,
+        with contextlib.ExitStack() as stack:
+            storage = stack.enter_context(local_storage(args, (args.checkpoint_dir,)))
+            resumed = _check_resumable(args)
+            console = stack.enter_context(_console(args))
+            if storage or resumed:
+                console.phase("; ".join(line for line in (resumed, storage) if line))
+            stack.enter_context(ray_cluster(args, [plan.chosen], console))
+            result = train_under(
+                console,
+                plan.chosen.shape,
+                plan.config,
                 num_slices=args.num_slices,
                 reserve_timeout_s=args.reserve_timeout,
                 start_timeout_s=args.start_timeout,
-                scale=scale,
+                scale=plan.scale,
             )
+            console.table(_summary(args, plan, result))
+    except (UsageError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except TrainingError as error:
         return failure.report(error)
     except KeyboardInterrupt:
         print("interrupted: everything this command started was stopped", file=sys.stderr)
         return 130
-    print(
-        f"trained {chosen.shape.name} x {args.num_slices}: steps {result.resumed_from}->"
-        f"{result.final_step}, loss {result.first_loss:.3f} -> {result.last_loss:.3f}, "
-        f"{result.process_count} processes / {result.device_count} devices, "
-        f"checkpoint {result.checkpoint_dir} @ {result.latest_checkpoint}"
-    )
-    if scale is not None:
-        print(f"preset {scale.preset} on mesh {result.scale.get('mesh')}")
-        return 0
-    print(
-        f"goodput {result.goodput:.0%} over {result.wall_s:.0f} s, {result.attempts} attempt(s); "
-        f"events in {result.log_dir}/events.jsonl"
-    )
-    for event in result.events:
-        print(f"  - {event.line()}")
     return 0
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one ``raytpu train`` run does, checked."""
+
+    chosen: SliceChoice
+    config: Any
+    scale: Any
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    from workloads.training.config import TrainConfig
+    from workloads.training.faults import check_hosts, parse_faults
+    from workloads.training.goodput import GoodputConfig
+
+    chosen = resolve_slice(args)
+    faults = parse_faults(args.inject, field="--inject")
+    config = TrainConfig(
+        checkpoint_dir=args.checkpoint_dir,
+        steps=args.steps,
+        global_batch=args.global_batch,
+        checkpoint_every=args.checkpoint_every,
+        goodput=GoodputConfig(
+            max_restarts=args.max_restarts,
+            spike_policy=args.spike_policy,
+            slow_policy=args.slow_policy,
+            faults=tuple(str(f) for f in faults),
+        ),
+    )
+    config.validate(chosen.shape, args.num_slices)
+    scale = _scale(args, chosen.shape, config)
+    check_seconds("--reserve-timeout", args.reserve_timeout)
+    check_seconds("--start-timeout", args.start_timeout)
+    check_writable_dir("--checkpoint-dir", args.checkpoint_dir)
+    processes = chosen.shape.workers() * args.num_slices
+    check_hosts(faults, processes, args.steps, field="--inject")
+    try:
+        require_shared("--checkpoint-dir", args.checkpoint_dir, processes)
+    except ValueError as error:
+        hint = f" (with --local: gs://{LOCAL_BUCKET}/NAME)" if args.local else ""
+        raise UsageError(f"{error}{hint}") from None
+    return _Plan(chosen, config, scale)
+
+
+def _check_resumable(args: argparse.Namespace) -> str:
+    """The run resumes from the directory's latest step: it must hold this model (a line saying
+    where it resumes from; ``""`` for a fresh run, or on a cluster's ``gs://``, read there)."""
+    directory = args.checkpoint_dir
+    if directory.startswith("gs://") and not args.local:
+        return ""
+    from raytpu_cli.checkpoint_check import check_resumable, filesystem
+
+    found = check_resumable("--checkpoint-dir", directory, args.preset, filesystem(directory))
+    if found.latest is None:
+        return ""
+    return f"checkpoint {directory}: resuming {found.model} from step {found.latest}"
+
+
+def _console(args: argparse.Namespace) -> RunConsole:
+    """The console of this run. Inside a Ray job (no --local, no --address) everything stays
+    on stdout, where ``ray job logs`` and the RayJob's pod logs show it."""
+    if not args.local and not args.address:
+        return RunConsole(Path(args.log_file or "/dev/null"), verbose=True)
+    return open_run_console(args, "train")
+
+
+def train_under(console: RunConsole, shape: Any, config: Any, **options: Any) -> Any:
+    """:func:`workloads.training.driver.run_training` under a progress bar of its steps."""
+    from workloads.training.driver import run_training
+
+    seen: list[Any] = []
+    with console.progress() as bar:
+        task = bar.add_task("training", total=config.steps, detail="")
+
+        def show(progress: Any) -> None:
+            seen.append(progress)
+            bar.update(task, completed=progress.step, detail=progress_text(progress))
+
+        result = run_training(shape, config, on_progress=show, **options)
+        last = f"loss {result.last_loss:.3f}"
+        if seen:  # the speed as the workers last reported it
+            last = progress_text(replace(seen[-1], loss=result.last_loss))
+        bar.update(task, completed=result.final_step, detail=last)
+    return result
+
+
+def progress_text(progress: Any) -> str:
+    return f"loss {progress.loss:.3f}  {progress.tokens_per_s:,.0f} tokens/s"
+
+
+def _summary(args: argparse.Namespace, plan: _Plan, result: Any) -> str:
+    rows = [
+        ("trained", f"{plan.chosen.shape.name} x {args.num_slices}"),
+        ("steps", f"{result.resumed_from} -> {result.final_step} in {result.seconds:.0f} s"),
+        ("loss", f"{result.first_loss:.3f} -> {result.last_loss:.3f}"),
+        ("jax", f"{result.process_count} processes / {result.device_count} devices"),
+        ("checkpoint", f"{result.checkpoint_dir} @ {result.latest_checkpoint}"),
+    ]
+    if plan.scale is not None:
+        rows.append(("preset", f"{plan.scale.preset} on mesh {result.scale.get('mesh')}"))
+    rows.append(
+        (
+            "goodput",
+            f"{result.goodput:.0%} over {result.wall_s:.0f} s, {result.attempts} attempt(s); "
+            f"events in {result.log_dir}/events.jsonl",
+        )
+    )
+    rows += [("event", event.line()) for event in result.events]
+    return format_table(("train", "result"), rows)
 
 
 def _scale(args: argparse.Namespace, shape: Any, config: Any) -> Any:
@@ -172,11 +257,6 @@ def _scale(args: argparse.Namespace, shape: Any, config: Any) -> Any:
         if args.tensor != 1:
             raise UsageError(f"--tensor: {args.tensor} needs --preset; valid: 1 without it")
         return None
-    if args.inject:
-        raise UsageError(
-            f"--inject: {args.inject[0]!r} is not valid with --preset (faults are injected into "
-            "the byte model's loop); valid: no --inject"
-        )
     try:
         mesh = MeshConfig.fsdp_over(shape.chips, args.num_slices, tensor=args.tensor)
     except ValueError as error:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,7 +131,7 @@ def test_submit_train_runs_the_training_workload_on_the_slice(
     # Two host processes joined into one mesh over the slice's 8 chips, and a checkpoint in the
     # stack's bucket, with both hosts' shards.
     assert "2 processes / 8 devices" in trained.out
-    assert f"checkpoint {CHECKPOINTS} @ 4" in trained.out
+    assert re.search(rf"^checkpoint +{re.escape(CHECKPOINTS)} @ 4$", trained.out, re.M)
     assert "SUCCEEDED" in trained.err
     shards = {n.split("/")[3] for n in gcs.objects(BUCKET, "train/4/params/ocdbt.process_")}
     assert shards == {"ocdbt.process_0", "ocdbt.process_1"}

@@ -175,10 +175,6 @@ CLI_REFUSALS = {
         "--tensor: 3 is not valid (mesh.ici_tensor: 3 is not valid; valid: a divisor of the slice's 8 chips)",
     ),
     "tensor-without-preset": (["--tensor", "2"], "--tensor: 2 needs --preset"),
-    "inject-with-preset": (
-        ["--preset", "tiny", "--inject", "hang@3"],
-        "--inject: 'hang@3' is not valid with --preset",
-    ),
 }
 
 
