@@ -257,7 +257,7 @@ def test_train_console_is_phases_and_a_summary(trained: Finished) -> None:
 
 
 def _docs_openai_snippet() -> str:
-    text = (REPO / "docs" / "workloads.md").read_text()
+    text = (REPO / "docs" / "workloads" / "serving.md").read_text()
     section = text.split("### OpenAI-compatible API", 1)[1]
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 

@@ -17,7 +17,7 @@ list-after-write, so host B sees what host A finished; a FUSE mount adds a metad
 must be tuned off for that. Both clients stream each host's own shards in parallel, with no
 per-pod sidecar to size. Ray Train gets the same gcsfs client, wrapped as a pyarrow filesystem,
 instead of pyarrow's own GCS client, so that one client, one set of credentials (the pod's
-Workload Identity) and one emulator switch cover everything. docs/workloads.md has the details.
+Workload Identity) and one emulator switch cover everything. docs/workloads/training.md ("Checkpoint storage") has the details.
 
 A local folder is a valid checkpoint directory only for a run in one process: on GKE each TPU
 host is its own VM with its own disk, so a multi-host run cannot write one checkpoint to a local

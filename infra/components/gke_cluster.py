@@ -89,7 +89,7 @@ class GkeCluster(pulumi.ComponentResource):
                     )
                 ],
                 # Off: checkpoints go to gs:// through native clients, no pod mounts a bucket
-                # (docs/workloads.md, "Checkpoint storage"). Turn it on for FUSE data mounts.
+                # (docs/workloads/training.md, "Checkpoint storage"). Turn it on for FUSE data mounts.
                 gcs_fuse_csi_driver_config=gcp.container.ClusterAddonsConfigGcsFuseCsiDriverConfigArgs(
                     enabled=False
                 ),
