@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -56,10 +57,9 @@ def add_console_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def open_run_console(args: argparse.Namespace, command: str) -> RunConsole:
-    """The console of one ``raytpu COMMAND`` run; prints where the logs go, first.
-
-    Raises ``ValueError`` naming ``--log-file`` when that file cannot be written."""
+def run_log_path(args: argparse.Namespace, command: str) -> Path:
+    """``--log-file``, or a new file in :func:`log_dir` named after the command and the time;
+    checked writable (``ValueError`` naming ``--log-file`` otherwise)."""
     if args.log_file:
         path = Path(args.log_file).expanduser().absolute()
     else:
@@ -73,9 +73,54 @@ def open_run_console(args: argparse.Namespace, command: str) -> RunConsole:
             f"--log-file: {str(path)!r} is not valid ({error.strerror or error}); valid: a file "
             "this user can create and append to"
         ) from None
+    return path
+
+
+def open_run_console(args: argparse.Namespace, command: str) -> RunConsole:
+    """The console of one ``raytpu COMMAND`` run; prints where the logs go, first."""
+    path = run_log_path(args, command)
     shown = " (--verbose: shown here too)" if args.verbose else ""
     print(f"[{command}] Ray and JAX logs: {path}{shown}", flush=True)
     return RunConsole(path, verbose=args.verbose)
+
+
+RAY_LOG_LINE = re.compile(
+    r"^(\x1b\[[0-9;]*m)?\([\w:.\-]+ pid=\d+|^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[,.]\d+\s+(INFO|WARNING|"
+    r"DEBUG|ERROR)\b|^\[repeated \d+x|^(INFO|WARNING|DEBUG) \d{4}-\d\d-\d\d|^\s*warnings\.warn\(|"
+    r"^\S+\.py:\d+: \w*Warning: "
+)
+"""A line Ray (or JAX, or a library through Python's warnings) logged, not the command's own:
+a worker's ``(ServeReplica:app:X pid=12)`` prefix, a driver's ``2026-12-06 12:00:00,123 INFO``
+record, the de-duplicator's ``[repeated 3x ...]``, a warning with its source line."""
+
+
+class LogSplitter:
+    """Text that arrives in chunks (a job's logs), split by line: every line to ``log_path``,
+    and to ``show`` those that are not :data:`RAY_LOG_LINE` (all of them when ``verbose``)."""
+
+    def __init__(self, log_path: Path, show: Callable[[str], None], *, verbose: bool) -> None:
+        self.log_path = log_path
+        self._show = show
+        self._verbose = verbose
+        self._partial = ""
+
+    def __call__(self, text: str) -> None:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        self._write(lines)
+
+    def flush(self) -> None:
+        if self._partial:
+            self._write([self._partial])
+            self._partial = ""
+
+    def _write(self, lines: list[str]) -> None:
+        with self.log_path.open("a", encoding="utf-8") as log:
+            for line in lines:
+                log.write(line + "\n")
+        for line in lines:
+            if self._verbose or not RAY_LOG_LINE.search(line):
+                self._show(line)
 
 
 class RunConsole:

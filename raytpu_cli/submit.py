@@ -26,6 +26,7 @@ from pathlib import Path
 from raytpu import entrypoints, stack_outputs
 from raytpu.stack_outputs import StackOutputsError
 from raytpu_cli import failure, queued_job
+from raytpu_cli.console import LogSplitter, add_console_arguments, run_log_path
 from raytpu_cli.jobs import (
     DEFAULT_ADDRESS,
     DEFAULT_JOB_TIMEOUT_S,
@@ -82,6 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="environment variable for the job, e.g. RAYTPU_CHECKPOINT_DIR=gs://BUCKET/ckpt "
         "(repeatable)",
     )
+    add_console_arguments(parser)  # --verbose, --log-file: the followed job's whole log
     queued_job.add_arguments(parser)  # --queue, --priority, --name: a RayJob for Kueue
     parser.add_argument(
         "--run",
@@ -94,6 +96,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="train|serve|COMMAND ...",
         help="`train [ARGS]`, `serve [ARGS]`, or `-- COMMAND [ARGS]` for any entrypoint",
     )
+
+
+def _print_line(line: str) -> None:
+    print(line, flush=True)
 
 
 def parse_env(pairs: Sequence[str]) -> dict[str, str]:
@@ -125,9 +131,11 @@ def run(args: argparse.Namespace) -> int:
         return queued_job.run(args, job, raw)
     try:
         env = parse_env(args.env)
+        log_path = run_log_path(args, "submit") if args.wait else None
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    show = LogSplitter(log_path, _print_line, verbose=args.verbose) if log_path else None
     workload = "command" if raw else job[0]
     try:
         outputs = stack_outputs.load_outputs(args.stack, args.outputs, args.cwd)
@@ -154,15 +162,22 @@ def run(args: argparse.Namespace) -> int:
             checkpoints = request.runtime_env["env_vars"].get(entrypoints.CHECKPOINT_ENV)
             if request.workload == "train" and checkpoints:
                 print(f"  checkpoints: {checkpoints}", file=sys.stderr)
+            if log_path is not None:
+                shown = (
+                    "" if args.verbose else " (Ray's own lines only there; --verbose shows them)"
+                )
+                print(f"  the job's whole log: {log_path}{shown}", file=sys.stderr)
             result = submit(
                 args.address,
                 head,
                 request,
                 wait=args.wait,
                 timeout_s=args.timeout,
-                on_logs=lambda text: print(text, end="", flush=True),
+                on_logs=show,
                 headers=headers,
             )
+            if show is not None:
+                show.flush()
     except StackOutputsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

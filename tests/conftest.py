@@ -47,6 +47,7 @@ def pytest_configure(config: pytest.Config) -> None:
     wanted = {
         "NO_GCE_CHECK": "true",
         "JAX_COMPILATION_CACHE_DIR": "",
+        "RAYTPU_LOG_DIR": "",
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
         "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",
@@ -60,6 +61,8 @@ def pytest_configure(config: pytest.Config) -> None:
             continue
         if name == "JAX_COMPILATION_CACHE_DIR":
             value = tempfile.mkdtemp(prefix="raytpu-jax-cache-")
+        if name == "RAYTPU_LOG_DIR":  # the commands' run logs: not the user's ~/.cache
+            value = tempfile.mkdtemp(prefix="raytpu-test-logs-")
         os.environ[name] = _SET[name] = value
 
 
@@ -67,9 +70,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     for name, value in _SET.items():
         if os.environ.get(name) == value:
             del os.environ[name]
-    cache = _SET.pop("JAX_COMPILATION_CACHE_DIR", None)
-    if cache:
-        shutil.rmtree(cache, ignore_errors=True)
+    for made in ("JAX_COMPILATION_CACHE_DIR", "RAYTPU_LOG_DIR"):
+        folder = _SET.pop(made, None)
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
     _SET.clear()
 
 

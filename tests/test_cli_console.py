@@ -214,6 +214,35 @@ def test_the_scan_finds_a_process_that_outlived_its_parent(tmp_path):
         os.kill(int(started.stdout), signal.SIGKILL)
 
 
+JOB_LOG = (
+    "2026-12-06 13:01:09,813\tINFO job_manager.py:581 -- Runtime env is setting up.\n"
+    "[train] Ray and JAX logs: /dev/null\n"
+    "\x1b[36m(RayTrainWorker pid=12, ip=10.0.0.2)\x1b[0m [train] step 3/6 loss 4.1\n"
+    "  training \u2501\u2501 6/6 loss 3.0\n"
+    "/x/api_core/v.py:254: FutureWarning: You are using a Python version\n"
+    "  warnings.warn(message, FutureWarning)\n"
+    "checkpoint           gs://b/train @ 6\n"
+)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, len(JOB_LOG)], ids=["by-char", "by-7", "whole"])
+@pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
+def test_a_followed_job_log_shows_its_own_lines_and_files_every_line(tmp_path, chunk, verbose):
+    """``raytpu submit``'s follower: the job's own lines on the console, Ray's only in the file,
+    whatever the chunks the Job API hands over."""
+    from raytpu_cli.console import LogSplitter
+
+    shown: list[str] = []
+    splitter = LogSplitter(tmp_path / "job.log", shown.append, verbose=verbose)
+    for start in range(0, len(JOB_LOG), chunk):
+        splitter(JOB_LOG[start : start + chunk])
+    splitter.flush()
+    lines = JOB_LOG.splitlines()
+    assert (tmp_path / "job.log").read_text().splitlines() == lines
+    own = [lines[1], lines[3], lines[6]]
+    assert shown == (lines if verbose else own)
+
+
 # ------------------------------------------------------------------------------ good runs
 TRAIN_STEPS = 6
 DEMO_LINES_BEFORE_SUMMARY = 5

@@ -131,6 +131,7 @@ def test_submit_train_runs_the_training_workload_on_the_slice(
     # Two host processes joined into one mesh over the slice's 8 chips, and a checkpoint in the
     # stack's bucket, with both hosts' shards.
     assert "2 processes / 8 devices" in trained.out
+    assert "INFO job_manager" not in trained.out  # Ray's own lines: in the job's log file only
     assert re.search(rf"^checkpoint +{re.escape(CHECKPOINTS)} @ 4$", trained.out, re.M)
     assert "SUCCEEDED" in trained.err
     shards = {n.split("/")[3] for n in gcs.objects(BUCKET, "train/4/params/ocdbt.process_")}
