@@ -9,7 +9,7 @@ that size's alone) measures, in this order:
   ``Pulumi.bench.yaml`` in a temporary folder: YAML, config, program, policy pack, report);
 - **program**: :func:`infra.offline.run_program` alone (the Pulumi program under mocks), median
   and range over repeats;
-- **policy**: :func:`policies.pack.evaluate` over the declared resources, the same;
+- **policy**: :func:`policies.evaluation.evaluate` over the declared resources, the same;
 - **peak memory**: Python allocations during one program + policy run (``tracemalloc``, a
   separate pass since tracing slows everything down) and the process's maximum resident set
   (``ru_maxrss``) before and after.
@@ -118,7 +118,7 @@ def measure_size(slices: int, repeats: int) -> dict[str, Any]:
     """All measurements for one size, in this process (run it in a fresh one)."""
     from infra.config.stack import parse_config
     from infra.offline import run_program
-    from policies.pack import evaluate
+    from policies.evaluation import evaluate
 
     rss_after_import = _maxrss_bytes()
     began = time.perf_counter()

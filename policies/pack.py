@@ -1,8 +1,8 @@
-"""The policy pack as data: one :class:`PolicySpec` per policy, and the offline runner.
+"""The policy pack as data: one :class:`PolicySpec` per policy, and the policy config.
 
 ``policies/__main__.py`` turns :data:`POLICIES` into ``pulumi_policy`` objects for
-``pulumi preview --policy-pack policies``; ``raytpu preview`` and ``raytpu check`` call
-:func:`evaluate` on the same list. Enforcement is mandatory unless policy config says otherwise,
+``pulumi preview --policy-pack policies``; ``raytpu preview`` and ``raytpu check`` run the same
+list through :func:`policies.evaluation.evaluate`. Enforcement is mandatory unless policy config says otherwise,
 in Pulumi's own policy-config format (``--policy-pack-config``)::
 
     {"all": "advisory", "pinned-ray-version": {"enforcementLevel": "mandatory",
@@ -16,14 +16,13 @@ them); config can set that companion's level like any policy's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from policies.props import get, plain
-from policies.resources import CLUSTER, NODE_POOL, SERVICE, ResourceLike, is_ingress, ray_kind
+from policies.props import get
+from policies.resources import CLUSTER, NODE_POOL, SERVICE, is_ingress, ray_kind
 from policies.rules import (
-    Advisory,
     dashboard_iap,
     exposure,
     image,
@@ -150,6 +149,19 @@ POLICIES: tuple[PolicySpec, ...] = (
         kind="stack",
         rule=stack.check_slices_for_groups,
         remediation="Add node pools (slice count) of the group's shape, or lower replicas.",
+    ),
+    PolicySpec(
+        name="rayservice-upgrade-capacity",
+        description=(
+            "A RayService upgraded blue-green (upgradeStrategy NewCluster, KubeRay's default) "
+            "has node pools with its slices a second time, beside every group's."
+        ),
+        kind="stack",
+        rule=stack.check_upgrade_capacity,
+        remediation=(
+            "Set upgradeStrategy.type None (in place; the stack key rayServices[].upgradeStrategy), "
+            "or add slices of the shape for the second RayCluster."
+        ),
     ),
     PolicySpec(
         name="ray-operator-addon",
@@ -408,70 +420,6 @@ def _level(key: str, value: Any) -> str:
     return value
 
 
-# ----------------------------------------------------------------------------- offline runner
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One violation: the policy, its enforcement, the resource (None: the stack) and message."""
-
-    policy: str
-    enforcement: str
-    message: str
-    resource: ResourceLike | None = None
-
-    @property
-    def mandatory(self) -> bool:
-        return self.enforcement == "mandatory"
-
-
-def evaluate(
-    resources: Sequence[ResourceLike], config: Mapping[str, Any] | None = None
-) -> list[Violation]:
-    """Runs every enabled policy on ``resources`` exactly as given (props as the engine has them)."""
-    current = settings(config)
-    plain_resources = [_Plain(r.type, r.name, r.urn, plain(r.props), r) for r in resources]
-    violations: list[Violation] = []
-    for spec in POLICIES:
-        level = current.levels[spec.name]
-        if level == "disabled":
-            continue
-        opts = current.options[spec.name]
-        if spec.kind == "stack":
-            for message in spec.run(plain_resources, opts):
-                violations += _violation(spec, current, message)
-            continue
-        for resource in plain_resources:
-            if not spec.applies_to(resource.type):
-                continue
-            for message in spec.run(resource.props, opts):
-                violations += _violation(spec, current, message, resource.original)
-    return violations
-
-
-def _violation(
-    spec: PolicySpec, current: Settings, message: str, resource: ResourceLike | None = None
-) -> list[Violation]:
-    """The violation of one message: an :class:`Advisory` one under the spec's companion."""
-    name, level = spec.name, current.levels[spec.name]
-    if isinstance(message, Advisory):
-        name = spec.advisory_name or spec.name
-        companion = current.levels[name] if spec.advisory_name else "advisory"
-        level = "advisory" if level == "advisory" and companion != "disabled" else companion
-    if level == "disabled":
-        return []
-    return [Violation(name, level, str(message), resource)]
-
-
-@dataclass(frozen=True)
-class _Plain:
-    type: str
-    name: str
-    urn: str
-    props: Mapping[str, Any]
-    original: ResourceLike
-
-
 __all__ = [
     "ADVISORY_SUFFIX",
     "BY_NAME",
@@ -481,8 +429,6 @@ __all__ = [
     "PolicyConfigError",
     "PolicySpec",
     "Settings",
-    "Violation",
-    "evaluate",
     "policy_names",
     "settings",
 ]

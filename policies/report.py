@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from policies.pack import PolicyConfigError, Violation, settings
+from policies.evaluation import Violation
+from policies.pack import PolicyConfigError, settings
 from policies.resources import object_label
 from raytpu import inputs
 

@@ -69,7 +69,8 @@ def not_checked(resources: list[Any]) -> dict[str, list[str]]:
 
 def run(args: argparse.Namespace) -> int:
     from policies import report
-    from policies.pack import PolicyConfigError, evaluate
+    from policies.evaluation import evaluate
+    from policies.pack import PolicyConfigError
     from raytpu.crds import CrdsMissingError
 
     try:

@@ -149,7 +149,8 @@ def _declare(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any], str]:
 def run(args: argparse.Namespace) -> int:
     from infra.config.schema import ConfigError
     from policies import report
-    from policies.pack import PolicyConfigError, evaluate
+    from policies.evaluation import evaluate
+    from policies.pack import PolicyConfigError
     from raytpu import generations
     from raytpu.table import format_table
     from raytpu_cli import schema_check

@@ -80,7 +80,7 @@ class SchemaReport:
 
 def check(resources: Sequence[Any], minor: str = DEFAULT_KUBERNETES_MINOR) -> SchemaReport:
     """Run every row of :data:`CHECKS` on ``resources`` (``DeclaredResource`` or alike)."""
-    from policies.pack import Violation
+    from policies.evaluation import Violation
     from policies.props import plain
 
     violations, skipped = [], []

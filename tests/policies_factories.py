@@ -122,6 +122,9 @@ def ray_object(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         body = spec
     elif kind == "RayService":
         body = {
+            "upgradeStrategy": {
+                "type": "None"
+            },  # in place: no second set of slices (the program's)
             "serveConfigV2": "applications:\n- name: app\n  import_path: workloads.serve:app\n",
             "rayClusterConfig": spec,
         }

@@ -18,7 +18,7 @@ import yaml
 from infra.config.schema import ConfigError, StackConfig
 from infra.config.stack import load_stack_file, parse_config
 from infra.offline import DeclaredResource, ProgramRun, run_program_detailed
-from policies.pack import evaluate
+from policies.evaluation import evaluate
 from policies.rules.dashboard_iap import check_dashboard_ingress
 from raytpu import gke_iap
 from raytpu.ray_names import DASHBOARD_PORT

@@ -242,6 +242,7 @@ ERRORS = [
     ("tpu7x-object-image", lambda r: (_tpu7x(r), r["ray-tpu:rayServices"][0].update(image="x/ray:2.60.0-py311"), r.update({"ray-tpu:pythonVersion": "3.12"})), "ray-tpu:rayServices[0].image: 'x/ray:2.60.0-py311' is not valid", "Python 3.12"),
     ("checkpoint-run", _edit(**{"ray-tpu:rayServices/0/checkpointRun": "a/b"}), "ray-tpu:rayServices[0].checkpointRun: 'a/b' is not valid", ""),
     ("target-ongoing", _edit(**{"ray-tpu:rayServices/0/targetOngoingRequests": 0}), "ray-tpu:rayServices[0].targetOngoingRequests: 0 is not valid", "max_ongoing_requests"),
+    ("upgrade-strategy", _edit(**{"ray-tpu:rayServices/0/upgradeStrategy": "BlueGreen"}), "ray-tpu:rayServices[0].upgradeStrategy: 'BlueGreen' is not valid; valid: None, NewCluster", "a second set of slices"),
 ]  # fmt: skip
 
 

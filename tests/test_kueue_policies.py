@@ -13,7 +13,7 @@ import yaml
 
 from infra.config.stack import parse_config
 from infra.offline import DeclaredResource, run_program
-from policies.pack import evaluate
+from policies.evaluation import evaluate
 from raytpu import kueue
 
 TEAMS_STACK = Path(__file__).parent / "data" / "Pulumi.teams.yaml"

@@ -12,7 +12,7 @@ import yaml
 
 from infra import offline
 from infra.config.stack import parse_config
-from policies.pack import evaluate
+from policies.evaluation import evaluate
 from policies.rules.image import check_image_has_code
 from raytpu_cli.main import main
 

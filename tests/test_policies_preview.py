@@ -15,7 +15,7 @@ import yaml
 
 from infra import offline
 from infra.config.stack import parse_config, project_root
-from policies.pack import evaluate
+from policies.evaluation import evaluate
 from raytpu_cli.main import main
 
 STACKS = ["dev", "prod"]
@@ -262,3 +262,39 @@ def test_rayjob_sharing_a_slice_pool_passes_and_one_slice_short_fails():
     short = [r for r in resources if not r.name.endswith("slice-train-1")]
     messages = [v.message for v in evaluate(short) if v.policy == "tpu-slices-for-ray-groups"]
     assert messages and "RayCluster/train" in messages[0] and "RayJob/job" in messages[0]
+
+
+def _upgrade_types(resources) -> dict[str, str]:
+    return {
+        r.name: r.props["spec"]["upgradeStrategy"]["type"]
+        for r in resources
+        if r.type == "kubernetes:ray.io/v1:RayService"
+    }
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_shipped_rayservices_upgrade_in_place(declared, stack):
+    """No spare serving slice in dev or prod: KubeRay's blue-green default would wait Pending."""
+    assert set(_upgrade_types(declared[stack]).values()) == {"None"}
+
+
+@pytest.mark.parametrize(
+    ("serve_slices", "given", "expected", "violates"),
+    [
+        (1, "NewCluster", "NewCluster", True),
+        (2, None, "NewCluster", False),
+        (2, "None", "None", False),
+    ],
+    ids=["blue-green-without-spare", "spare-slice-default-blue-green", "in-place-by-choice"],
+)
+def test_upgrade_strategy_from_stack_config(serve_slices, given, expected, violates):
+    raw = _dev_raw()
+    raw["ray-tpu:slices"][1]["count"] = serve_slices
+    if given is not None:
+        raw["ray-tpu:rayServices"][0]["upgradeStrategy"] = given
+    resources, _ = offline.run_program(parse_config(raw), stack="upgrades")
+    assert set(_upgrade_types(resources).values()) == {expected}
+    found = [v for v in evaluate(resources) if v.policy == "rayservice-upgrade-capacity"]
+    assert bool(found) is violates, found
+    if violates:
+        assert "more slice(s) of v6e 2x2" in found[0].message

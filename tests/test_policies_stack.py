@@ -14,11 +14,13 @@ from policies_factories import (
     tpu_group,
 )
 
-from policies.pack import POLICIES, PolicyConfigError, evaluate, policy_names, settings
+from policies.evaluation import evaluate
+from policies.pack import POLICIES, PolicyConfigError, policy_names, settings
 from policies.resources import CLUSTER, NODE_POOL, RESOURCE_POLICY
 from policies.rules.stack import (
     check_ray_operator_addon,
     check_slices_for_groups,
+    check_upgrade_capacity,
     check_workload_policies,
 )
 from raytpu import catalog
@@ -178,6 +180,56 @@ def test_groups_without_enough_slices_fail(resources, expected):
 )
 def test_enough_or_unknown_slices_pass(resources):
     assert check_slices_for_groups(resources) == []
+
+
+def _service(strategy, replicas=1):
+    """RayService/serve on ``replicas`` v6e 2x2 slices with ``upgradeStrategy.type`` (DELETE: unset)."""
+    obj = ray_object("RayService", "serve", cluster_spec([tpu_group(V6E_2X2, replicas=replicas)]))
+    obj = edit(obj, "spec.upgradeStrategy.type", strategy)
+    return resource("kubernetes:ray.io/v1:RayService", "serve", obj)
+
+
+UPGRADES = [
+    ("unset-is-kuberay-new-cluster", DELETE, 1, 1, "is not set (KubeRay's default: NewCluster)"),
+    ("new-cluster-without-spare", "NewCluster", 1, 1, "1 more slice(s) of v6e 2x2"),
+    ("incremental-counts-too", "NewClusterWithIncrementalUpgrade", 1, 1, "offer 1"),
+    ("new-cluster-two-replicas", "NewCluster", 2, 3, "add 1 slice(s) of that shape"),
+    ("in-place", "None", 1, 1, None),
+    ("new-cluster-with-spare", "NewCluster", 1, 2, None),
+    ("unknown-at-preview", UNKNOWN_STRING, 1, 1, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "replicas", "nodes", "fragment"),
+    [u[1:] for u in UPGRADES],
+    ids=[u[0] for u in UPGRADES],
+)
+def test_a_blue_green_rayservice_needs_its_slices_twice(strategy, replicas, nodes, fragment):
+    stack = [
+        cluster(),
+        pool("s-0", "v6e", "2x2", nodeCount=float(nodes)),
+        _service(strategy, replicas),
+    ]
+    found = check_upgrade_capacity(stack)
+    if fragment is None:
+        assert found == []
+    else:
+        (message,) = found
+        assert message.startswith("RayService/serve: spec.upgradeStrategy.type is ")
+        assert fragment in message and "set upgradeStrategy.type None" in message
+
+
+def test_the_upgrade_rule_counts_the_other_groups_of_the_shape():
+    """Two slices, one for a RayCluster, one for the RayService: no room for a second cluster."""
+    stack = [
+        cluster(),
+        pool("s-0", "v6e", "2x2", nodeCount=2.0),
+        ray("RayCluster", "dev", tpu_group(V6E_2X2)),
+        _service("NewCluster"),
+    ]
+    (message,) = check_upgrade_capacity(stack)
+    assert "beside the 2 the stack's groups hold, but its node pools offer 2" in message
 
 
 def test_ray_operator_addon_required_with_kuberay_objects():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -26,6 +27,7 @@ from infra.config.schema import (
     LLM_ACCELERATOR_TYPES,
     MAX_SLICE_COUNT,
     NAMESPACE,
+    UPGRADE_STRATEGIES,
     LLMEngineConfig,
     RayClusterConfig,
     RayJobConfig,
@@ -167,6 +169,7 @@ def parse_ray_service(
         "engine",
         "llm",
         "fallback",
+        "upgradeStrategy",
     )
     s = Section(problems, f"{NAMESPACE}:rayServices[{index}]", raw, keys)
     if not s.ok:
@@ -224,7 +227,15 @@ def parse_ray_service(
         "flight per Serve replica the autoscaler aims for",
         check=lambda v: 0 < v <= 32,
     )
-    values = (import_path, app_name, route, runtime_env, run, target, engine)
+    upgrade = s.get(
+        "upgradeStrategy",
+        str,
+        "",
+        valid=", ".join(UPGRADE_STRATEGIES) + " (KubeRay's upgradeStrategy.type: None upgrades in "
+        "place; NewCluster brings up a second RayCluster, so a second set of slices)",
+        check=lambda v: v in UPGRADE_STRATEGIES,
+    )
+    values = (import_path, app_name, route, runtime_env, run, target, engine, upgrade)
     if common is None or None in values or (vllm and llm is None) or fallback is False:
         return None
     return RayServiceConfig(
@@ -238,7 +249,29 @@ def parse_ray_service(
         engine=engine,
         llm=llm,
         fallback=fallback or None,
+        upgrade_strategy=upgrade,  # "" until with_upgrade_defaults: it needs every object
     )
+
+
+def with_upgrade_defaults(
+    services: list[RayServiceConfig],
+    others: list[RayClusterConfig],
+    slices: Mapping[str, SliceConfig | None],
+) -> list[RayServiceConfig]:
+    """Each RayService with its ``upgradeStrategy``: as given, else ``NewCluster`` only where its
+    slice has ``maxReplicas`` spare slices beside what every object on it may hold (the second
+    RayCluster of a blue-green upgrade), else ``None`` (in place: the TPU default)."""
+    everyone = [*others, *services]
+    resolved = []
+    for service in services:
+        strategy = service.upgrade_strategy
+        if not strategy:
+            declared = slices.get(service.slice)
+            used = sum(o.max_replicas for o in everyone if o.slice == service.slice)
+            spare = (declared.count if declared else 0) - used
+            strategy = "NewCluster" if spare >= service.max_replicas else "None"
+        resolved.append(replace(service, upgrade_strategy=strategy))
+    return resolved
 
 
 SECRET_REF_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-._a-zA-Z0-9]+$")

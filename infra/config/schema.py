@@ -121,6 +121,13 @@ class RayClusterConfig:
     """A ``ray-tpu:priorityClasses`` name (default: the team's priority)."""
 
 
+UPGRADE_STRATEGIES = ("None", "NewCluster")
+"""``rayServices[].upgradeStrategy``, KubeRay's ``spec.upgradeStrategy.type``: ``None`` upgrades in
+place (no second RayCluster: Serve config changes are applied to the running cluster), the TPU
+default; ``NewCluster`` is KubeRay's blue-green upgrade, which brings up a whole second
+RayCluster, so a second set of slices, before it switches traffic. (KubeRay's
+``NewClusterWithIncrementalUpgrade`` needs the Gateway API and an alpha feature gate of the
+operator, which the GKE add-on does not expose: not offered.)"""
 ENGINES = ("builtin", "vllm")
 """``rayServices[].engine``: the built-in model (``workloads.serve:app``) or Ray Serve LLM with
 vLLM's TPU backend (``ray.serve.llm:build_openai_app``)."""
@@ -174,6 +181,9 @@ class RayServiceConfig(RayClusterConfig):
     engine: str = "builtin"
     llm: LLMEngineConfig | None = None
     fallback: ServeFallbackConfig | None = None
+    upgrade_strategy: str = "None"
+    """KubeRay's ``upgradeStrategy.type`` (:data:`UPGRADE_STRATEGIES`); unset in the stack file:
+    ``NewCluster`` only where its slice has a spare set of slices beside every object on it."""
 
 
 @dataclass(frozen=True)

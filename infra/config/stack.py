@@ -26,7 +26,7 @@ from infra.config.gcp_rules import (
     zone_region,
 )
 from infra.config.image import parse_image, vllm_image, worker_image
-from infra.config.ray_objects import SECTIONS
+from infra.config.ray_objects import SECTIONS, with_upgrade_defaults
 from infra.config.reader import Problems, check_unique, list_of
 from infra.config.schema import NAMESPACE, ConfigError, ImageConfig, SliceConfig, StackConfig
 from infra.config.security import parse_security
@@ -251,6 +251,7 @@ def _ray_objects(
         objects = (parse(problems, i, item, by_name, ray_version) for i, item in enumerate(items))
         parsed.append([obj for obj in objects if obj is not None])
     clusters, services, jobs = parsed
+    services = with_upgrade_defaults(services, [*clusters, *jobs], by_name)
     return _RayObjects(clusters, services, jobs, names)
 
 

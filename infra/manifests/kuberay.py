@@ -352,6 +352,9 @@ def ray_service_spec(
 ) -> dict[str, Any]:
     """``spec`` of the RayService ``service``: its Serve config and its RayCluster."""
     return {
+        # Explicit, never KubeRay's default (NewCluster): on TPU a second RayCluster is a
+        # second set of slices (docs/infra.md, "Upgrades").
+        "upgradeStrategy": {"type": service.upgrade_strategy},
         "serveConfigV2": serve_config_v2(stack, service),
         "rayClusterConfig": _cluster_spec(stack, service, "RayService", stack_name),
     }

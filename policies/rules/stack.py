@@ -4,6 +4,9 @@
   host) with enough slices for the ``replicas`` of all groups of that shape (``maxReplicas`` for
   groups of a cluster with ``enableInTreeAutoscaling``): a multi-host pool is
   one slice, a single-host pool holds one slice per node (its autoscaling max, else its node count).
+- A RayService upgraded blue-green (``upgradeStrategy.type`` ``NewCluster``, KubeRay's default
+  when unset) finds its slices a second time in those pools, beside every group's: KubeRay brings
+  up the whole second RayCluster before it switches traffic.
 - A GKE cluster in a stack that declares KubeRay objects has the Ray Operator add-on
   (``addonsConfig.rayOperatorConfigs[0].enabled``), which brings KubeRay and its TPU webhook.
 - A tpu7x pool's workload policy (``placementPolicy.policyName``) names a declared
@@ -16,7 +19,8 @@ These apply to stacks that declare a GKE cluster or node pools; a set of bare Ku
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from policies.props import as_int, as_map, get, is_unknown
@@ -89,55 +93,127 @@ def pool_slices(resource: ResourceLike, policies: Sequence[ResourceLike] = ()) -
     return _key(shape), nodes
 
 
-def check_slices_for_groups(resources: Sequence[ResourceLike]) -> list[str]:
-    """Every TPU worker group has node pools of its shape with enough slices for its replicas."""
-    roles = tpu_resources(resources)
-    if not roles["clusters"] and not roles["pools"]:
-        return []
+@dataclass(frozen=True)
+class _Capacity:
+    """The slices the stack's TPU node pools offer, per shape."""
+
+    offered: dict[ShapeKey, int]
+    pool_names: dict[ShapeKey, list[str]]
+
+
+@dataclass(frozen=True)
+class _Demand:
+    """One TPU worker group's slices: ``who`` it is, of which object, its shape and replicas."""
+
+    resource: ResourceLike
+    who: str
+    key: ShapeKey
+    slices: int
+
+
+def _capacity(roles: Mapping[str, list[ResourceLike]]) -> _Capacity | None:
+    """What the pools offer; ``None`` when a pool's shape is unknown (it could be the one)."""
     offered: dict[ShapeKey, int] = defaultdict(int)
     pool_names: dict[ShapeKey, list[str]] = defaultdict(list)
-    other_shapes: set[ShapeKey] = set()
     for resource in roles["pools"]:
         found = pool_slices(resource, roles["policies"])
         if found is None:
             pool = node_pool(resource.props)
             if is_unknown(pool.topology) or is_unknown(pool.machine_type):
-                return []  # a pool of unknown shape could be the one: do not guess
+                return None
             continue
         key, slices = found
         offered[key] += slices
         pool_names[key].append(_pool_name(resource, node_pool(resource.props)))
-        other_shapes.add(key)
-    needed: dict[ShapeKey, list[tuple[str, int]]] = defaultdict(list)
+    return _Capacity(offered, pool_names)
+
+
+def _demands(roles: Mapping[str, list[ResourceLike]]) -> list[_Demand]:
+    """Every TPU worker group of a known shape and replica count (rule 2 reports the others)."""
+    found = []
     for resource in roles["ray"]:
         for group in worker_groups(resource.props, kind_of(resource.props, resource.type)):
-            if not group.requests_tpu or is_unknown(group.chips_per_host):
-                continue
-            if not isinstance(group.chips_per_host, int):
+            if not group.requests_tpu or not isinstance(group.chips_per_host, int):
                 continue
             try:
                 shape = group.shape()
             except (generations.CatalogError, TypeError, ValueError):
-                continue  # rule 2 reports the shape itself
+                continue
             replicas = group.slices_wanted
             if is_unknown(replicas) or not isinstance(replicas, int):
                 continue
             who = f"{object_label(resource)} group {group.label!r} ({group.path})"
-            needed[_key(shape)].append((who, replicas))
+            found.append(_Demand(resource, who, _key(shape), replicas))
+    return found
+
+
+def check_slices_for_groups(resources: Sequence[ResourceLike]) -> list[str]:
+    """Every TPU worker group has node pools of its shape with enough slices for its replicas."""
+    roles = tpu_resources(resources)
+    if not roles["clusters"] and not roles["pools"]:
+        return []
+    capacity = _capacity(roles)
+    if capacity is None:
+        return []
+    needed: dict[ShapeKey, list[_Demand]] = defaultdict(list)
+    for demand in _demands(roles):
+        needed[demand.key].append(demand)
     violations = []
     for key, users in needed.items():
-        total = sum(n for _, n in users)
-        have = offered.get(key, 0)
+        total = sum(d.slices for d in users)
+        have = capacity.offered.get(key, 0)
         if total <= have:
             continue
-        names = ", ".join(f"{who} x{n}" for who, n in users)
-        pools = ", ".join(pool_names.get(key, [])) or "none"
-        others = ", ".join(_label(k) for k in sorted(other_shapes - {key})) or "none"
+        names = ", ".join(f"{d.who} x{d.slices}" for d in users)
+        pools = ", ".join(capacity.pool_names.get(key, [])) or "none"
+        others = ", ".join(_label(k) for k in sorted(set(capacity.offered) - {key})) or "none"
         violations.append(
             f"{names}: {total} slice(s) of {_label(key)} needed, but the stack's node pools of "
             f"that shape offer {have} (pools: {pools}; other TPU pool shapes: {others}); add node "
             f"pools of this shape (slice count) or lower replicas"
         )
+    return violations
+
+
+BLUE_GREEN = (None, "NewCluster", "NewClusterWithIncrementalUpgrade")
+"""RayService ``spec.upgradeStrategy.type`` values that bring up a second RayCluster on upgrade
+(``None``: unset, which KubeRay takes as ``NewCluster``)."""
+
+
+def check_upgrade_capacity(resources: Sequence[ResourceLike]) -> list[str]:
+    """A RayService upgraded blue-green needs its slices twice: once for the running RayCluster,
+    once for the new one; the pools must hold that beside every other group of the shape."""
+    roles = tpu_resources(resources)
+    capacity = _capacity(roles) if roles["pools"] else None
+    if capacity is None:
+        return []
+    demands = _demands(roles)
+    held: dict[ShapeKey, int] = defaultdict(int)
+    for demand in demands:
+        held[demand.key] += demand.slices
+    violations = []
+    for resource in roles["ray"]:
+        if kind_of(resource.props, resource.type) != "RayService":
+            continue
+        strategy = get(resource.props, "spec.upgradeStrategy.type")
+        if is_unknown(strategy) or strategy not in BLUE_GREEN:
+            continue
+        second: dict[ShapeKey, int] = defaultdict(int)
+        for demand in demands:
+            if demand.resource is resource:
+                second[demand.key] += demand.slices
+        for key, more in second.items():
+            have = capacity.offered.get(key, 0)
+            if more and held[key] + more > have:
+                shown = "not set (KubeRay's default: NewCluster)" if strategy is None else strategy
+                violations.append(
+                    f"{object_label(resource)}: spec.upgradeStrategy.type is {shown}: an upgrade "
+                    f"brings up a second RayCluster, {more} more slice(s) of {_label(key)} beside "
+                    f"the {held[key]} the stack's groups hold, but its node pools offer {have}; "
+                    f"set upgradeStrategy.type None (in place; ray-tpu:rayServices[]."
+                    f"upgradeStrategy: None, the default without spare slices) or add "
+                    f"{held[key] + more - have} slice(s) of that shape"
+                )
     return violations
 
 
