@@ -165,11 +165,11 @@ BAD_INPUTS = {
     ),
     "serve-slice-not-declared": (
         ["serve", "--slice", "nope"],
-        "ray-tpu:slices: slice 'nope' is not valid; valid: train, serve",
+        "ray-tpu:slices: 'nope' is not valid; valid: train, serve",
     ),
     "train-slice-not-declared": (
         ["train", "--slice", "nope"],
-        "ray-tpu:slices: slice 'nope' is not valid; valid: train, serve",
+        "ray-tpu:slices: 'nope' is not valid; valid: train, serve",
     ),
 }
 
