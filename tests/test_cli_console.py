@@ -156,8 +156,8 @@ BAD_INPUTS = {
     ),
     "train-resumes-another-model": (
         ["train", "--checkpoint-dir", "gs://raytpu-local/run-b"],
-        "--checkpoint-dir: 'gs://raytpu-local/run-b' is not valid for the byte LM: "
-        "gs://raytpu-local/run-b holds a tiny checkpoint (step 10); valid: --preset tiny",
+        "--checkpoint-dir: 'gs://raytpu-local/run-b' is not valid (for the byte LM: "
+        "gs://raytpu-local/run-b holds a tiny checkpoint (step 10)); valid: --preset tiny",
     ),
     "port-in-use": (
         ["serve", "--checkpoint-dir", "gs://raytpu-local/run-a", "--port", "{port}"],
