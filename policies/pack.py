@@ -35,6 +35,7 @@ from policies.rules import (
     stack,
 )
 from raytpu.catalog import WORKLOAD_POLICY_TYPE
+from raytpu.errors import invalid
 
 ENFORCEMENT_LEVELS = ("mandatory", "advisory", "disabled")
 DEFAULT_ENFORCEMENT = "mandatory"
@@ -391,8 +392,11 @@ def settings(config: Mapping[str, Any] | None = None) -> Settings:
             continue
         if not isinstance(value, Mapping):
             raise PolicyConfigError(
-                f"{name}: {value!r} is not valid; valid: an enforcement level "
-                f"({', '.join(ENFORCEMENT_LEVELS)}) or an object"
+                invalid(
+                    name,
+                    value,
+                    f"an enforcement level ({', '.join(ENFORCEMENT_LEVELS)}) or an object",
+                )
             )
         for key, item in value.items():
             if key == "enforcementLevel":
@@ -405,18 +409,14 @@ def settings(config: Mapping[str, Any] | None = None) -> Settings:
             if key == "minimumVersion" and (
                 not isinstance(item, str) or ray_version.parse_version(item) is None
             ):
-                raise PolicyConfigError(
-                    f"{name}.{key}: {item!r} is not valid; valid: X.Y.Z, e.g. 2.55.0"
-                )
+                raise PolicyConfigError(invalid(f"{name}.{key}", item, "X.Y.Z, e.g. 2.55.0"))
             options[name][key] = item
     return Settings(levels=levels, options=options)
 
 
 def _level(key: str, value: Any) -> str:
     if value not in ENFORCEMENT_LEVELS:
-        raise PolicyConfigError(
-            f"{key}: {value!r} is not valid; valid: {', '.join(ENFORCEMENT_LEVELS)}"
-        )
+        raise PolicyConfigError(invalid(key, value, ENFORCEMENT_LEVELS))
     return value
 
 

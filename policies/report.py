@@ -13,6 +13,7 @@ from policies.evaluation import Violation
 from policies.pack import PolicyConfigError, settings
 from policies.resources import object_label
 from raytpu import inputs
+from raytpu.errors import invalid
 
 EXIT_CLEAN = 0
 EXIT_VIOLATION = 1
@@ -29,8 +30,11 @@ def load_policy_config(path: str | None) -> dict[str, Any] | None:
         raise PolicyConfigError(f"--policy-config: {error}") from None
     if not isinstance(config, dict):
         raise PolicyConfigError(
-            f"--policy-config: {type(config).__name__} is not valid; valid: a JSON object of "
-            f"policy name -> enforcement level or options"
+            invalid(
+                "--policy-config",
+                type(config).__name__,
+                "a JSON object of policy name -> enforcement level or options",
+            )
         )
     settings(config)
     return config

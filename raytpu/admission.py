@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from raytpu.errors import invalid
+
 WITHIN = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
 RECLAIM = ("Never", "LowerPriority", "Any")
 
@@ -63,9 +65,9 @@ class ClusterQueue:
 
     def __post_init__(self) -> None:
         if self.within not in WITHIN:
-            raise ValueError(f"within: {self.within!r} is not valid; valid: {', '.join(WITHIN)}")
+            raise ValueError(invalid("within", self.within, WITHIN))
         if self.reclaim not in RECLAIM:
-            raise ValueError(f"reclaim: {self.reclaim!r} is not valid; valid: {', '.join(RECLAIM)}")
+            raise ValueError(invalid("reclaim", self.reclaim, RECLAIM))
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class Workload:
 
     def __post_init__(self) -> None:
         if not isinstance(self.slices, int) or self.slices < 1:
-            raise ValueError(f"slices: {self.slices!r} is not valid; valid: a whole number >= 1")
+            raise ValueError(invalid("slices", self.slices, "a whole number >= 1"))
 
 
 @dataclass(frozen=True)
@@ -110,13 +112,15 @@ class Cluster:
     def submit(self, workload: Workload) -> list[Event]:
         queue = self.queues.get(workload.queue)
         if queue is None:
-            raise ValueError(
-                f"queue: {workload.queue!r} is not valid; valid: {', '.join(self.queues)}"
-            )
+            raise ValueError(invalid("queue", workload.queue, self.queues))
         if workload.flavor not in queue.quotas:
             raise ValueError(
-                f"flavor: {workload.flavor!r} is not valid for queue {queue.name}; valid: "
-                f"{', '.join(queue.quotas)} (Kueue never admits a flavor the queue does not list)"
+                invalid(
+                    "flavor",
+                    workload.flavor,
+                    f"{', '.join(queue.quotas)} (Kueue never admits a flavor the queue does not list)",
+                    reason=f"queue {queue.name} does not list it",
+                )
             )
         self._order[workload.name] = len(self._order)
         self.pending[workload.name] = workload

@@ -189,13 +189,18 @@ def status_class(http_status: int) -> str:
     return f"{int(http_status) // 100}xx"
 
 
-def invalid(field: str, value: object, valid: str | Iterable[object], hint: str = "") -> str:
+def invalid(
+    field: str, value: object, valid: str | Iterable[object], hint: str = "", *, reason: str = ""
+) -> str:
     """The one message for refused input: the field, the bad value and the valid ones.
 
     ``invalid("slices[1].topology", "4x5", ["2x2", "2x4"])`` is
     ``"slices[1].topology: '4x5' is not valid; valid: 2x2, 2x4"``; ``valid`` is a list of values
     or a phrase (``"an integer >= 1"``), and ``hint`` says how to fix it, after a semicolon.
+    ``reason`` says why, in parentheses: ``invalid("--port", 5, "a free port", reason="in use")``
+    is ``"--port: 5 is not valid (in use); valid: a free port"``.
     """
     shown = valid if isinstance(valid, str) else ", ".join(str(v) for v in valid)
-    message = f"{field}: {value!r} is not valid; valid: {shown}"
+    why = f" ({reason})" if reason else ""
+    message = f"{field}: {value!r} is not valid{why}; valid: {shown}"
     return f"{message}; {hint}" if hint else message

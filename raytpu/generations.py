@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from raytpu.errors import invalid
+
 
 class CatalogError(ValueError):
     """A slice shape that does not exist. Names the field, the bad value and the valid ones."""
@@ -25,8 +27,10 @@ class CatalogError(ValueError):
         self.field = field
         self.value = value
         self.valid = valid
-        problem = "is required" if value is None else f"{value!r} is not valid"
-        message = f"{field}: {problem}; valid: {valid}"
+        if value is None:
+            message = f"{field}: is required; valid: {valid}"
+        else:
+            message = invalid(field, value, valid)
         if hint:
             message += f" ({hint})"
         super().__init__(message)

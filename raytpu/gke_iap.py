@@ -26,6 +26,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from raytpu.errors import invalid
+
 DASHBOARD_PROXY_LABEL = "ray-tpu/dashboard-proxy"
 """Label (value: the Ray object's name) on the in-cluster proxy's pods and Service that adds the
 Ray token to dashboard requests arriving through IAP: what the policy pack treats as "the Ray
@@ -83,9 +85,9 @@ def _is_int(value: Any) -> bool:
 def _object_problems(manifest: Mapping[str, Any], api: str, kind: str) -> list[str]:
     problems = []
     if manifest.get("apiVersion") != api:
-        problems.append(f"apiVersion: {manifest.get('apiVersion')!r} is not valid; valid: {api}")
+        problems.append(invalid("apiVersion", manifest.get("apiVersion"), api))
     if manifest.get("kind") != kind:
-        problems.append(f"kind: {manifest.get('kind')!r} is not valid; valid: {kind}")
+        problems.append(invalid("kind", manifest.get("kind"), kind))
     metadata = manifest.get("metadata")
     if not isinstance(metadata, Mapping) or not isinstance(metadata.get("name"), str):
         problems.append("metadata.name: is required; valid: a Kubernetes object name")
@@ -107,11 +109,9 @@ def validate_backend_config(manifest: Mapping[str, Any]) -> list[str]:
     iap = spec.get("iap")
     if iap is not None:
         if not isinstance(iap, Mapping) or not isinstance(iap.get("enabled"), bool):
-            problems.append(f"spec.iap.enabled: {iap!r} is not valid; valid: true or false")
+            problems.append(invalid("spec.iap.enabled", iap, "true or false"))
         elif set(iap) - {"enabled", "oauthclientCredentials"}:
-            problems.append(
-                f"spec.iap: {sorted(iap)} is not valid; valid: enabled, oauthclientCredentials"
-            )
+            problems.append(invalid("spec.iap", sorted(iap), ["enabled", "oauthclientCredentials"]))
         credentials = iap.get("oauthclientCredentials") if isinstance(iap, Mapping) else None
         if credentials is not None and (
             not isinstance(credentials, Mapping)
@@ -119,8 +119,11 @@ def validate_backend_config(manifest: Mapping[str, Any]) -> list[str]:
             or not isinstance(credentials["secretName"], str)
         ):
             problems.append(
-                f"spec.iap.oauthclientCredentials: {credentials!r} is not valid; valid: "
-                "{secretName: NAME} (a Secret with client_id and client_secret)"
+                invalid(
+                    "spec.iap.oauthclientCredentials",
+                    credentials,
+                    "{secretName: NAME} (a Secret with client_id and client_secret)",
+                )
             )
     check = spec.get("healthCheck")
     if check is not None:
@@ -131,23 +134,26 @@ def validate_backend_config(manifest: Mapping[str, Any]) -> list[str]:
             "checkIntervalSec": int,
         }
         if not isinstance(check, Mapping):
-            problems.append(f"spec.healthCheck: {check!r} is not valid; valid: a mapping")
+            problems.append(invalid("spec.healthCheck", check, "a mapping"))
         else:
             for key, value in check.items():
                 wanted = fields.get(key)
                 ok = _is_int(value) if wanted is int else isinstance(value, str)
                 if wanted is None or not ok:
                     problems.append(
-                        f"spec.healthCheck.{key}: {value!r} is not valid; valid: "
-                        + ", ".join(f"{k} ({t.__name__})" for k, t in fields.items())
+                        invalid(
+                            f"spec.healthCheck.{key}",
+                            value,
+                            [f"{k} ({t.__name__})" for k, t in fields.items()],
+                        )
                     )
             if check.get("type") not in (None, "HTTP", "HTTPS", "HTTP2"):
                 problems.append(
-                    f"spec.healthCheck.type: {check.get('type')!r} is not valid; valid: HTTP, HTTPS, HTTP2"
+                    invalid("spec.healthCheck.type", check.get("type"), ["HTTP", "HTTPS", "HTTP2"])
                 )
     timeout = spec.get("timeoutSec")
     if timeout is not None and (not _is_int(timeout) or timeout < 1):
-        problems.append(f"spec.timeoutSec: {timeout!r} is not valid; valid: an integer >= 1")
+        problems.append(invalid("spec.timeoutSec", timeout, "an integer >= 1"))
     return problems
 
 
@@ -157,12 +163,15 @@ def validate_managed_certificate(manifest: Mapping[str, Any]) -> list[str]:
     spec = manifest.get("spec")
     domains = spec.get("domains") if isinstance(spec, Mapping) else None
     if not isinstance(domains, list) or not domains:
-        return [*problems, f"spec.domains: {domains!r} is not valid; valid: a list of DNS names"]
+        return [*problems, invalid("spec.domains", domains, "a list of DNS names")]
     for i, domain in enumerate(domains):
         if not isinstance(domain, str) or not HOST_RE.match(domain):
             problems.append(
-                f"spec.domains[{i}]: {domain!r} is not valid; valid: a lowercase fully qualified "
-                "DNS name without a wildcard"
+                invalid(
+                    f"spec.domains[{i}]",
+                    domain,
+                    "a lowercase fully qualified DNS name without a wildcard",
+                )
             )
     return problems
 

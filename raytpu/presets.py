@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from raytpu.catalog import SliceShape
+from raytpu.errors import invalid
 
 GIB = 2**30
 BYTES_PER_PARAM_STATE = 16
@@ -39,10 +40,7 @@ class PresetError(ValueError):
         self.field = field
         self.value = value
         self.valid = valid
-        text = f"{field}: {value!r} is not valid"
-        if detail:
-            text += f" ({detail})"
-        super().__init__(f"{text}; valid: {valid}")
+        super().__init__(invalid(field, value, valid, reason=detail))
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from raytpu.errors import invalid
+
 PROJECT_FILE = "Pulumi.yaml"
 STACK_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 """Pulumi's stack names: letters, digits, '_', '.', '-' (so a name is never a path)."""
@@ -56,5 +58,5 @@ def resolve_stack_file(stack: str, project_dir: Path) -> Path:
         valid = (
             ", ".join(available_stacks(project_dir)) or f"(no Pulumi.<stack>.yaml in {project_dir})"
         )
-        raise ProjectError(f"stack: {stack!r} is not valid; valid: {valid} (no {path})")
+        raise ProjectError(invalid("stack", stack, f"{valid} (no {path})"))
     return path

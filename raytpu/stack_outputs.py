@@ -191,12 +191,12 @@ def _names(mapping: Mapping[str, Any]) -> str:
 
 def _require(raw: Mapping[str, Any], key: str, path: str, kind: type | tuple[type, ...]) -> Any:
     if not isinstance(raw, Mapping):
-        raise StackOutputsError(f"{path}: {raw!r} is not valid; valid: a JSON object")
+        raise StackOutputsError(invalid(path, raw, "a JSON object"))
     if key not in raw:
         raise StackOutputsError(f"{path}.{key}: is required; valid: {_kind_text(kind)}")
     value = raw[key]
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise StackOutputsError(f"{path}.{key}: {value!r} is not valid; valid: {_kind_text(kind)}")
+        raise StackOutputsError(invalid(f"{path}.{key}", value, _kind_text(kind)))
     return value
 
 
@@ -214,7 +214,7 @@ def _int(raw: Mapping[str, Any], key: str, path: str, default: int | None = None
         return default
     value = _require(raw, key, path, (int, float))
     if (isinstance(value, float) and not value.is_integer()) or value < 0:
-        raise StackOutputsError(f"{path}.{key}: {value!r} is not valid; valid: an integer >= 0")
+        raise StackOutputsError(invalid(f"{path}.{key}", value, "an integer >= 0"))
     return int(value)
 
 
@@ -233,13 +233,12 @@ def _parse_slice(name: str, raw: Any, path: str) -> SliceOutput:
     ):
         if key in raw and _int(raw, key, path) != expected:
             raise StackOutputsError(
-                f"{path}.{key}: {raw[key]!r} is not valid; valid: {expected} "
-                f"(catalog: {shape.name})"
+                invalid(f"{path}.{key}", raw[key], f"{expected} (catalog: {shape.name})")
             )
     count = _int(raw, "count", path, default=1)
     pools = raw.get("nodePools", [])
     if not isinstance(pools, list) or not all(isinstance(p, str) for p in pools):
-        raise StackOutputsError(f"{path}.nodePools: {pools!r} is not valid; valid: a list of names")
+        raise StackOutputsError(invalid(f"{path}.nodePools", pools, "a list of names"))
     return SliceOutput(name=name, shape=shape, count=count, node_pools=tuple(pools))
 
 
@@ -247,9 +246,7 @@ def _parse_head(kind: str, name: str, raw: Any, path: str, slices: Mapping[str, 
     namespace = _require(raw, "namespace", path, str)
     slice_name = _require(raw, "slice", path, str)
     if slice_name not in slices:
-        raise StackOutputsError(
-            f"{path}.slice: {slice_name!r} is not valid; valid: {_names(slices)}"
-        )
+        raise StackOutputsError(invalid(f"{path}.slice", slice_name, _names(slices)))
     head_service = _require(raw, "headService", path, str)
     serve_service = _require(raw, "serveService", path, str) if kind == "RayService" else None
     return RayHead(
@@ -271,14 +268,11 @@ AUTH_KINDS = ("kubernetes", "secret", "none")
 def _auth(raw: Mapping[str, Any], path: str) -> dict[str, Any]:
     auth = raw.get("auth", "none")
     if auth not in AUTH_KINDS:
-        raise StackOutputsError(
-            f"{path}.auth: {auth!r} is not valid; valid: {', '.join(AUTH_KINDS)}"
-        )
+        raise StackOutputsError(invalid(f"{path}.auth", auth, AUTH_KINDS))
     secret = raw.get("authSecret")
     if auth == "secret" and (not isinstance(secret, str) or not secret):
         raise StackOutputsError(
-            f"{path}.authSecret: {secret!r} is not valid; valid: the token Secret's name "
-            "(auth is secret)"
+            invalid(f"{path}.authSecret", secret, "the token Secret's name (auth is secret)")
         )
     return {"auth": auth, "auth_secret": secret if auth == "secret" else None}
 
@@ -290,15 +284,13 @@ def parse_outputs(raw: Any, stack: str) -> StackOutputs:
     naming the key path for anything malformed.
     """
     if not isinstance(raw, Mapping):
-        raise StackOutputsError(f"outputs: {type(raw).__name__} is not valid; valid: a JSON object")
+        raise StackOutputsError(invalid("outputs", type(raw).__name__, "a JSON object"))
     if not raw:
         raise StackNotDeployedError(stack)
     cluster_name = _require(raw, "clusterName", "outputs", str)
     endpoint = raw.get("clusterEndpoint")
     if endpoint is not None and not isinstance(endpoint, str):
-        raise StackOutputsError(
-            f"outputs.clusterEndpoint: {endpoint!r} is not valid; valid: a string"
-        )
+        raise StackOutputsError(invalid("outputs.clusterEndpoint", endpoint, "a string"))
     raw_slices = _require(raw, "slices", "outputs", Mapping)
     slices = {
         name: _parse_slice(name, value, f"outputs.slices.{name}")
@@ -310,24 +302,18 @@ def parse_outputs(raw: Any, stack: str) -> StackOutputs:
     }
     services_raw = raw.get("rayServices", {})
     if not isinstance(services_raw, Mapping):
-        raise StackOutputsError(
-            f"outputs.rayServices: {services_raw!r} is not valid; valid: a JSON object"
-        )
+        raise StackOutputsError(invalid("outputs.rayServices", services_raw, "a JSON object"))
     services = {
         name: _parse_head("RayService", name, value, f"outputs.rayServices.{name}", slices)
         for name, value in services_raw.items()
     }
     bucket = raw.get("checkpointBucket")
     if bucket is not None and (not isinstance(bucket, str) or not bucket.strip()):
-        raise StackOutputsError(
-            f"outputs.checkpointBucket: {bucket!r} is not valid; valid: a GCS bucket name"
-        )
+        raise StackOutputsError(invalid("outputs.checkpointBucket", bucket, "a GCS bucket name"))
     iap = raw.get("dashboardIap")
     iap_url = iap.get("url") if isinstance(iap, Mapping) else None
     if iap is not None and not (isinstance(iap_url, str) and iap_url.startswith("https://")):
-        raise StackOutputsError(
-            f"outputs.dashboardIap.url: {iap_url!r} is not valid; valid: an https:// URL"
-        )
+        raise StackOutputsError(invalid("outputs.dashboardIap.url", iap_url, "an https:// URL"))
     return StackOutputs(
         stack=stack,
         checkpoint_bucket=bucket,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from raytpu import inputs
+from raytpu.errors import invalid
 
 KUBERAY_GROUP = "ray.io"
 VALID_FILES = "Kubernetes YAML, `pulumi stack export` or `pulumi preview --json`"
@@ -39,10 +40,19 @@ def _type_name(value: Any) -> str:
     return {dict: "mapping", list: "list", str: "string"}.get(type(value), type(value).__name__)
 
 
+class _Kind:
+    """A value too long or too nested to print, shown by its kind (``a mapping``)."""
+
+    def __init__(self, value: Any) -> None:
+        self.text = f"a {_type_name(value)}"
+
+    def __repr__(self) -> str:
+        return self.text
+
+
 def _bad(where: str, field: str, value: Any, valid: str) -> InputError:
-    shown = repr(value) if isinstance(value, str | int | float | bool | None) else None
-    shown = shown if shown is not None and len(shown) <= 60 else f"a {_type_name(value)}"
-    return InputError(f"{where}: {field}: {shown} is not valid; valid: {valid}")
+    short = isinstance(value, str | int | float | bool | None) and len(repr(value)) <= 60
+    return InputError(invalid(f"{where}: {field}", value if short else _Kind(value), valid))
 
 
 def _check_kind(where: str, kind: Any, api_version: str) -> None:

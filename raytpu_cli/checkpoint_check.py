@@ -144,8 +144,12 @@ def check_resumable(flag: str, directory: str, preset: str | None, fs: Any) -> C
     option = "no --preset" if found.model == "byte-lm" else f"--preset {found.model}"
     if preset is None:
         raise UsageError(
-            f"{flag}: {directory!r} is not valid for the byte LM: {held}; valid: {option} "
-            "to resume it, or another --checkpoint-dir"
+            invalid(
+                flag,
+                directory,
+                f"{option} to resume it, or another --checkpoint-dir",
+                reason=f"for the byte LM: {held}",
+            )
         )
     raise UsageError(
         invalid("--preset", preset, [option], f"{held}; or train into another --checkpoint-dir")

@@ -22,6 +22,7 @@ from typing import Any
 
 from raytpu import project
 from raytpu.catalog import SliceShape, shape
+from raytpu.errors import invalid
 from raytpu.generations import CatalogError
 
 DEFAULT_CHECKPOINT_DIR = os.environ.get("RAYTPU_CHECKPOINT_DIR", "/tmp/raytpu/checkpoints")
@@ -75,7 +76,7 @@ def add_slice_arguments(parser: argparse.ArgumentParser, default_slice: str) -> 
 def resolve_slice(args: argparse.Namespace) -> SliceChoice:
     """The slice from ``--generation/--topology/--machine-type`` or from the stack config."""
     if args.num_slices < 1:
-        raise UsageError(f"--num-slices: {args.num_slices!r} is not valid; valid: >= 1")
+        raise UsageError(invalid("--num-slices", args.num_slices, ">= 1"))
     if args.generation or args.topology:
         if not (args.generation and args.topology):
             raise UsageError("--generation and --topology: give both, or neither (use --stack)")
@@ -87,8 +88,12 @@ def resolve_slice(args: argparse.Namespace) -> SliceChoice:
     config = load_stack_config(args).slice(args.slice)
     if args.num_slices > config.count:
         raise UsageError(
-            f"--num-slices: {args.num_slices} is not valid; valid: 1..{config.count} "
-            f"(stack {args.stack} declares {config.count} x slice {config.name})"
+            invalid(
+                "--num-slices",
+                args.num_slices,
+                f"1..{config.count} (stack {args.stack} declares {config.count} x slice "
+                f"{config.name})",
+            )
         )
     return SliceChoice(name=config.name, shape=config.shape, count=config.count)
 
@@ -96,7 +101,7 @@ def resolve_slice(args: argparse.Namespace) -> SliceChoice:
 def check_seconds(flag: str, value: float) -> None:
     """A timeout flag: a finite number of seconds > 0 (0 would give up before trying)."""
     if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise UsageError(f"{flag}: {value!r} is not valid; valid: a number of seconds > 0")
+        raise UsageError(invalid(flag, value, "a number of seconds > 0"))
 
 
 def check_writable_dir(flag: str, directory: str) -> None:
@@ -114,8 +119,12 @@ def check_writable_dir(flag: str, directory: str) -> None:
             pass
     except OSError as error:
         raise UsageError(
-            f"{flag}: {directory!r} is not valid ({error.strerror or error}); valid: a folder "
-            "this user can create and write, or gs://BUCKET/PATH"
+            invalid(
+                flag,
+                directory,
+                "a folder this user can create and write, or gs://BUCKET/PATH",
+                reason=str(error.strerror or error),
+            )
         ) from None
 
 
@@ -124,7 +133,7 @@ def check_port_free(flag: str, port: int) -> None:
     import socket
 
     if not 0 <= port <= 65535:
-        raise UsageError(f"{flag}: {port!r} is not valid; valid: 0 (a free port) or 1..65535")
+        raise UsageError(invalid(flag, port, "0 (a free port) or 1..65535"))
     if port == 0:
         return
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -132,8 +141,9 @@ def check_port_free(flag: str, port: int) -> None:
             probe.bind(("127.0.0.1", port))
         except OSError as error:
             raise UsageError(
-                f"{flag}: {port} is not valid ({error.strerror or error}); valid: a free port, "
-                "or 0 to pick one"
+                invalid(
+                    flag, port, "a free port, or 0 to pick one", reason=str(error.strerror or error)
+                )
             ) from None
 
 

@@ -31,6 +31,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from raytpu.errors import invalid
+
 LOG_DIR_ENV = "RAYTPU_LOG_DIR"
 PIPE_WIDTH = 200
 
@@ -70,8 +72,12 @@ def run_log_path(args: argparse.Namespace, command: str) -> Path:
             pass
     except OSError as error:
         raise ValueError(
-            f"--log-file: {str(path)!r} is not valid ({error.strerror or error}); valid: a file "
-            "this user can create and append to"
+            invalid(
+                "--log-file",
+                str(path),
+                "a file this user can create and append to",
+                reason=str(error.strerror or error),
+            )
         ) from None
     return path
 

@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raytpu.errors import invalid
 from raytpu.table import format_table
 from raytpu_cli.common import HttpReply, SliceChoice, UsageError, describe_hosts, post_json
 from raytpu_cli.console import RunConsole
@@ -79,7 +80,12 @@ def _pick_slices(args: argparse.Namespace) -> tuple[SliceChoice, SliceChoice]:
     train, serve = stack.slice(train_name), stack.slice(serve_name)
     if serve.shape.multi_host:
         raise UsageError(
-            f"--serve-slice: {serve.name} ({serve.shape.name}) is not valid; valid: a single-host slice"
+            invalid(
+                "--serve-slice",
+                serve.name,
+                "a single-host slice",
+                reason=f"{serve.shape.name} is multi-host",
+            )
         )
     # One copy of each is enough for the demo, however many the stack declares.
     return SliceChoice(train.name, train.shape, 1), SliceChoice(serve.name, serve.shape, 1)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from raytpu import entrypoints, errors, stack_outputs
+from raytpu.errors import invalid
 from raytpu.ray_names import SERVE_PORT
 from raytpu.stack_outputs import RayHead, StackOutputs, StackOutputsError
 
@@ -118,7 +119,7 @@ def choose_head(
         if slice_name is not None and head.slice != slice_name:
             outputs.slice(slice_name)
             raise StackOutputsError(
-                f"slice: {slice_name!r} is not valid for cluster {cluster!r}; valid: {head.slice}"
+                invalid("slice", slice_name, head.slice, reason=f"cluster {cluster!r} is not on it")
             )
         return head
     if slice_name is not None:

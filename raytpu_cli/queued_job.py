@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from raytpu.errors import invalid
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -47,12 +49,17 @@ def run(args: argparse.Namespace, job: list[str], raw: bool) -> int:
     teams = {t.name: t for t in stack.teams}
     if args.queue not in teams:
         valid = ", ".join(teams) or f"(stack {args.stack} declares no ray-tpu:teams)"
-        print(f"error: --queue: {args.queue!r} is not valid; valid: {valid}", file=sys.stderr)
+        print(f"error: {invalid('--queue', args.queue, valid)}", file=sys.stderr)
         return 2
     if not raw and job[0] != "train":
         print(
-            f"error: job: {job[0]!r} is not valid with --queue; valid: train [ARGS] or "
-            "-- COMMAND (a served app is a RayService in the stack)",
+            "error: "
+            + invalid(
+                "job",
+                job[0],
+                "train [ARGS] or -- COMMAND (a served app is a RayService in the stack)",
+                reason="--queue is given",
+            ),
             file=sys.stderr,
         )
         return 2

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from raytpu.errors import invalid
 from raytpu.table import format_table
 from raytpu_cli.common import (
     DEFAULT_CHECKPOINT_DIR,
@@ -117,7 +118,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     if duration is None:
         duration = 0.0 if args.prompt else DEFAULT_DURATION_S
     if not duration >= 0:
-        raise UsageError(f"--duration: {duration!r} is not valid; valid: seconds >= 0")
+        raise UsageError(invalid("--duration", duration, "seconds >= 0"))
     application = serving.build_app(args.checkpoint_dir, chosen.shape)
     return _Plan(chosen, application, args.port or free_port(), duration)
 

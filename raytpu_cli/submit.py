@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from raytpu import entrypoints, stack_outputs
+from raytpu.errors import invalid
 from raytpu.stack_outputs import StackOutputsError
 from raytpu_cli import failure, queued_job
 from raytpu_cli.console import LogSplitter, add_console_arguments, run_log_path
@@ -108,7 +109,7 @@ def parse_env(pairs: Sequence[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key or not key.replace("_", "a").isalnum():
-            raise ValueError(f"--env: {pair!r} is not valid; valid: KEY=VALUE, e.g. JAX_LOG=1")
+            raise ValueError(invalid("--env", pair, "KEY=VALUE, e.g. JAX_LOG=1"))
         env[key] = value
     return env
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from raytpu.errors import invalid
 from raytpu.table import format_table
 from raytpu_cli import failure
 from raytpu_cli.common import (
@@ -251,7 +252,7 @@ def _scale(args: argparse.Namespace, shape: Any, config: Any) -> Any:
     """``--preset``/``--tensor`` as a checked :class:`raytpu.presets.ScaleConfig` (``None``
     without ``--preset``); a preset that cannot fit or divide over the mesh is refused here,
     before anything starts."""
-    from raytpu.presets import MeshConfig, ScaleConfig
+    from raytpu.presets import MeshConfig, PresetError, ScaleConfig
 
     if args.preset is None:
         if args.tensor != 1:
@@ -259,8 +260,8 @@ def _scale(args: argparse.Namespace, shape: Any, config: Any) -> Any:
         return None
     try:
         mesh = MeshConfig.fsdp_over(shape.chips, args.num_slices, tensor=args.tensor)
-    except ValueError as error:
-        raise UsageError(f"--tensor: {args.tensor} is not valid ({error})") from None
+    except PresetError as error:  # the one fsdp_over raises: tensor does not divide the slice
+        raise UsageError(invalid("--tensor", args.tensor, error.valid)) from None
     scale = ScaleConfig(preset=args.preset, mesh=mesh)
     scale.check(shape, args.num_slices, config.global_batch)
     return scale

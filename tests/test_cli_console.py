@@ -156,8 +156,8 @@ BAD_INPUTS = {
     ),
     "train-resumes-another-model": (
         ["train", "--checkpoint-dir", "gs://raytpu-local/run-b"],
-        "--checkpoint-dir: 'gs://raytpu-local/run-b' is not valid for the byte LM: "
-        "gs://raytpu-local/run-b holds a tiny checkpoint (step 10); valid: --preset tiny",
+        "--checkpoint-dir: 'gs://raytpu-local/run-b' is not valid (for the byte LM: "
+        "gs://raytpu-local/run-b holds a tiny checkpoint (step 10)); valid: --preset tiny",
     ),
     "port-in-use": (
         ["serve", "--checkpoint-dir", "gs://raytpu-local/run-a", "--port", "{port}"],
@@ -165,11 +165,11 @@ BAD_INPUTS = {
     ),
     "serve-slice-not-declared": (
         ["serve", "--slice", "nope"],
-        "ray-tpu:slices: slice 'nope' is not valid; valid: train, serve",
+        "ray-tpu:slices: 'nope' is not valid; valid: train, serve",
     ),
     "train-slice-not-declared": (
         ["train", "--slice", "nope"],
-        "ray-tpu:slices: slice 'nope' is not valid; valid: train, serve",
+        "ray-tpu:slices: 'nope' is not valid; valid: train, serve",
     ),
 }
 

@@ -158,7 +158,7 @@ BAD = [
         lambda g: _without(g, "rayServices", "serve", "serveService"),
         "outputs.rayServices.serve.serveService: is required",
     ),
-    ("not-an-object", lambda g: [g], "outputs: list is not valid; valid: a JSON object"),
+    ("not-an-object", lambda g: [g], "outputs: 'list' is not valid; valid: a JSON object"),
 ]
 
 

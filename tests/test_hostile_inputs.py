@@ -190,7 +190,7 @@ STACK_CASES = [
         ALIAS_BOMB.replace("\n", "\n  ").replace("a: &a", "x:\n  a: &a", 1) + "\n",
         "(an alias bomb?)",
     ),
-    ("top-level-list", "- config\n", "a YAML list is not valid; valid: a mapping with config:"),
+    ("top-level-list", "- config\n", "'list' is not valid; valid: a YAML mapping with config:"),
     (
         "full-width-ray-version",
         _dev_with(

@@ -129,7 +129,7 @@ BAD_SUBMITS = {
         ["--queue", "batch", "--slice", "research", "train"],
         "team batch has no quota of flavor v5p-2x2x4-4t",
     ),
-    "serve": (["--queue", "serving", "serve"], "'serve' is not valid with --queue"),
+    "serve": (["--queue", "serving", "serve"], "'serve' is not valid (--queue is given)"),
 }
 
 

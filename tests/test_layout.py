@@ -433,3 +433,43 @@ def test_the_rules_catch_what_they_name(
         monkeypatch.setitem(MODULES, "bad", path)
         caught["long"] = "bad.f" in _long_functions()
     assert caught[rule], f"{rule} rule missed {source[:60]!r}"
+
+
+# --- Refusals: one message shape, built by raytpu.errors.invalid ------------------------------
+
+REFUSAL_TEXT = "is not" + " valid"  # split, so that this file does not spell it
+REFUSAL_HOME = "raytpu/errors.py"
+# Files that may still spell a refusal by hand: {"path": "why"}.
+ALLOWED_HAND_REFUSALS: dict[str, str] = {}
+
+
+def _hand_refusals(text: str) -> list[int]:
+    """The lines of ``text`` that spell a refusal by hand instead of calling ``invalid()``."""
+    return [n for n, line in enumerate(text.splitlines(), 1) if REFUSAL_TEXT in line]
+
+
+def test_refusals_use_invalid() -> None:
+    found = [
+        f"{relative}:{line}"
+        for path in MODULES.values()
+        if (relative := path.relative_to(REPO).as_posix()).split("/")[0] in PACKAGES
+        and relative != REFUSAL_HOME
+        and relative not in ALLOWED_HAND_REFUSALS
+        for line in _hand_refusals(path.read_text())
+    ]
+    assert not found, f"refusals spelled by hand: {found}; build them with raytpu.errors.invalid"
+    stale = sorted(p for p in ALLOWED_HAND_REFUSALS if not (REPO / p).is_file())
+    assert not stale, f"ALLOWED_HAND_REFUSALS names missing files: {stale}"
+
+
+@pytest.mark.parametrize(
+    ("source", "lines"),
+    [
+        ('raise ValueError(f"n: {n!r} ' + REFUSAL_TEXT + '; valid: >= 1")\n', [1]),
+        ('x = 1\nmsg = "port ' + REFUSAL_TEXT + ' (in use)"\n', [2]),
+        ('raise ValueError(invalid("n", n, ">= 1"))\n', []),
+    ],
+    ids=["by-hand", "with-a-reason", "through-invalid"],
+)
+def test_the_refusal_guard_catches_what_it_names(source: str, lines: list[int]) -> None:
+    assert _hand_refusals(source) == lines

@@ -177,3 +177,24 @@ def test_a_handlers_own_answer_is_counted_under_its_status_class(
 )
 def test_invalid_names_field_value_and_valid_ones(args: tuple, message: str) -> None:
     assert errors.invalid(*args) == message
+
+
+@pytest.mark.parametrize(
+    ("args", "reason", "message"),
+    [
+        (
+            ("--port", 5, "a free port"),
+            "Address already in use",
+            "--port: 5 is not valid (Address already in use); valid: a free port",
+        ),
+        (
+            ("model", "gpt", ["tiny", "small"], "pick one"),
+            "not in the catalog",
+            "model: 'gpt' is not valid (not in the catalog); valid: tiny, small; pick one",
+        ),
+        (("steps", 0, "an integer >= 1"), "", "steps: 0 is not valid; valid: an integer >= 1"),
+    ],
+    ids=["reason", "reason-and-hint", "empty-reason-is-omitted"],
+)
+def test_invalid_says_why_in_parentheses(args: tuple, reason: str, message: str) -> None:
+    assert errors.invalid(*args, reason=reason) == message

@@ -425,7 +425,7 @@ def test_missing_file_exits_2_and_other_files_are_still_checked(capsys, tmp_path
     ("config", "message"),
     [
         ('{"nope": "advisory"}', "'nope' is not a policy"),
-        ("[1]", "list is not valid"),
+        ("[1]", "'list' is not valid"),
         ("{", "line 1, column 2: not valid JSON"),
     ],
     ids=["unknown-policy", "not-an-object", "bad-json"],

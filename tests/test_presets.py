@@ -172,7 +172,7 @@ CLI_REFUSALS = {
     "over-hbm": (["--preset", "8b"], "a v5e chip has 16 GiB HBM"),
     "tensor-not-a-divisor": (
         ["--preset", "tiny", "--tensor", "3"],
-        "--tensor: 3 is not valid (mesh.ici_tensor: 3 is not valid; valid: a divisor of the slice's 8 chips)",
+        "--tensor: 3 is not valid; valid: a divisor of the slice's 8 chips",
     ),
     "tensor-without-preset": (["--tensor", "2"], "--tensor: 2 needs --preset"),
 }

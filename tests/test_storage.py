@@ -31,7 +31,7 @@ def test_require_shared(directory: str, processes: int, ok: bool) -> None:
     with pytest.raises(ValueError) as caught:
         storage.require_shared("train.checkpoint_dir", directory, processes)
     message = str(caught.value)
-    assert f"train.checkpoint_dir: {directory!r} is not valid for {processes} processes" in message
+    assert f"train.checkpoint_dir: {directory!r} is not valid ({processes} processes on" in message
     assert "valid: gs://BUCKET/PATH" in message
 
 

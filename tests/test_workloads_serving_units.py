@@ -99,7 +99,12 @@ MODEL = "raytpu-byte-lm"
     ("route", "body", "status", "fragment"),
     [
         (openai_api.COMPLETIONS, {"model": "gpt-4", "prompt": "hi"}, 404, "model: 'gpt-4'"),
-        (openai_api.COMPLETIONS, {"model": MODEL, "prompt": ""}, 422, "prompt: empty prompt"),
+        (
+            openai_api.COMPLETIONS,
+            {"model": MODEL, "prompt": ""},
+            422,
+            "prompt: '' is not valid (empty prompt)",
+        ),
         (openai_api.COMPLETIONS, {"model": MODEL, "prompt": "hi", "n": 2}, 422, "n: 2"),
         (
             openai_api.COMPLETIONS,

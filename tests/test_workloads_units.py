@@ -116,7 +116,7 @@ GOOD = {"prompt": "Hello", "max_new_tokens": 8, "temperature": 0.5}
         (b'{"prompt": "\\udfff"}', 422, "unpaired surrogate"),
         (b"[" * 8000 + b"]" * 8000, 400, "nested deeper than 8 levels; valid: at most 8"),
         (b'{"prompt": "a", "max_new_tokens": ' + b"9" * 5000 + b"}", 400, "not valid JSON"),
-        (json.dumps(["a"]).encode(), 400, "a JSON list is not valid; valid: an object"),
+        (json.dumps(["a"]).encode(), 400, "body: 'list' is not valid; valid: a JSON object"),
         (json.dumps({}).encode(), 422, "prompt: None is not valid"),
         (json.dumps({**GOOD, "prompt": ""}).encode(), 422, "empty prompt"),
         (json.dumps({**GOOD, "prompt": "   "}).encode(), 422, "empty prompt"),
@@ -208,7 +208,7 @@ def test_build_app_requests_the_serving_hosts_chips():
 
 
 def test_build_app_refuses_multi_host_shape():
-    with pytest.raises(ValueError, match=r"serve slice: v6e 2x4 .* valid: a single-host shape"):
+    with pytest.raises(ValueError, match=r"serve slice: 'v6e 2x4 .* valid: a single-host shape"):
         build_app("/tmp/ck", V6E_2X4_4T)
 
 

@@ -30,6 +30,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from raytpu.errors import invalid
+
 REMOTE_SCHEMES = ("gs://",)
 RAY_TRAIN_FOLDER = "ray-train"
 
@@ -50,9 +52,13 @@ def require_shared(field: str, directory: str, processes: int) -> None:
     """Refuse a local ``directory`` for a run of more than one process (one per TPU host)."""
     if processes > 1 and not is_remote(directory):
         raise ValueError(
-            f"{field}: {directory!r} is not valid for {processes} processes on {processes} TPU "
-            "hosts: each host has its own disk, so no host would see the others' shards; "
-            "valid: gs://BUCKET/PATH (the stack's checkpoint bucket, output checkpointBucket)"
+            invalid(
+                field,
+                directory,
+                "gs://BUCKET/PATH (the stack's checkpoint bucket, output checkpointBucket)",
+                reason=f"{processes} processes on {processes} TPU hosts: each host has its own "
+                "disk, so no host would see the others' shards",
+            )
         )
 
 

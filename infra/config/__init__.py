@@ -4,9 +4,9 @@ Stdlib + PyYAML only (no pulumi import at module level), so tests, the policy pa
 ``raytpu`` command can read a stack without the Pulumi engine.
 
 Every problem is collected before anything is declared, and each one names the key path, the bad
-value and the valid values::
+value and the valid values, in the words of :func:`raytpu.errors.invalid`::
 
-    ray-tpu:slices[1].topology: '4x5' is not valid; valid: 1x1, 2x2, 2x4, 4x4, ...
+    invalid("ray-tpu:slices[1].topology", "4x5", ["1x1", "2x2", "2x4", "4x4", ...])
 
 Modules, by concern: :mod:`~infra.config.schema` (the frozen dataclasses the program reads),
 :mod:`~infra.config.reader` (the key-path reader kit), :mod:`~infra.config.gcp_rules` (GCP, GKE and

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from infra.config.schema import WorkerResources
+from raytpu.errors import invalid
 
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -21,8 +22,10 @@ class Problems:
         self.errors: list[str] = []
 
     def bad(self, path: str, value: Any, valid: str, hint: str = "") -> None:
-        problem = "is required" if value is None else f"{value!r} is not valid"
-        message = f"{path}: {problem}; valid: {valid}"
+        if value is None:
+            message = f"{path}: is required; valid: {valid}"
+        else:
+            message = invalid(path, value, valid)
         if hint:
             message += f" ({hint})"
         self.errors.append(message)

@@ -10,6 +10,7 @@ from typing import Any
 
 from infra.config.team_schema import PriorityClassConfig, TeamConfig
 from raytpu.catalog import SliceShape
+from raytpu.errors import invalid
 
 NAMESPACE = "ray-tpu"
 """Pulumi config namespace of this project (the project name in ``Pulumi.yaml``)."""
@@ -20,7 +21,7 @@ MAX_SLICE_COUNT = 64
 
 class ConfigError(ValueError):
     """Invalid stack configuration. ``errors`` lists every problem found, one per line:
-    ``"<key path>: <bad value> is not valid; valid: <...>"``."""
+    :func:`raytpu.errors.invalid` of the key path, the bad value and the valid ones."""
 
     def __init__(self, errors: Iterable[str]) -> None:
         self.errors = list(errors)
@@ -315,7 +316,7 @@ class StackConfig:
             if candidate.name == name:
                 return candidate
         valid = ", ".join(s.name for s in self.slices) or "(no slices configured)"
-        raise ConfigError([f"{NAMESPACE}:slices: slice {name!r} is not valid; valid: {valid}"])
+        raise ConfigError([invalid(f"{NAMESPACE}:slices", name, valid)])
 
     def image_for(self, obj: RayClusterConfig | RayServiceConfig | RayJobConfig) -> str:
         if obj.image:

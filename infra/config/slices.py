@@ -37,12 +37,7 @@ def parse_slice(problems: Problems, index: int, raw: Any, region: str | None) ->
         try:
             shape = catalog.shape(gen, topology, machine_type=machine)
         except generations.CatalogError as error:
-            hint = f" ({error.args[0].split(' (', 1)[1]}" if " (" in error.args[0] else ""
-            problems.errors.append(
-                f"{path}.{error.field}: "
-                + ("is required" if error.value is None else f"{error.value!r} is not valid")
-                + f"; valid: {error.valid}{hint}"
-            )
+            problems.errors.append(f"{path}.{error}")
     zone = s.get("zone", str, valid=f"a zone of gcp:region {region}")
     if zone is not None and not check_zone(problems, f"{path}.zone", zone, region):
         zone = None

@@ -298,9 +298,7 @@ def load_stack_file(path: Path, *, image_tag: str | None = None) -> StackConfig:
         document = {}
     if not isinstance(document, Mapping):
         raise ConfigError(
-            [
-                f"{path}: a YAML {type(document).__name__} is not valid; valid: a mapping with config:"
-            ]
+            [invalid(str(path), type(document).__name__, "a YAML mapping with config:")]
         )
     config = document.get("config")
     config = {} if config is None else config

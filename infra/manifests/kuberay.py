@@ -44,6 +44,7 @@ from raytpu.entrypoints import (
     serve_env,
     slice_env,
 )
+from raytpu.errors import invalid
 from raytpu.ray_names import HEAD_PORTS
 
 __all__ = [
@@ -132,13 +133,16 @@ def tpu_worker_group(
     both TPU node selectors, and the TPU toleration.
     """
     if replicas < 0:
-        raise ValueError(f"replicas: {replicas!r} is not valid; valid: an integer >= 0")
+        raise ValueError(invalid("replicas", replicas, "an integer >= 0"))
     low = replicas if min_replicas is None else min_replicas
     high = replicas if max_replicas is None else max_replicas
     if not 0 <= low <= replicas <= high:
         raise ValueError(
-            f"minReplicas/replicas/maxReplicas: {low}/{replicas}/{high} is not valid; "
-            "valid: 0 <= minReplicas <= replicas <= maxReplicas"
+            invalid(
+                "minReplicas/replicas/maxReplicas",
+                f"{low}/{replicas}/{high}",
+                "0 <= minReplicas <= replicas <= maxReplicas",
+            )
         )
     container: dict[str, Any] = {
         "name": "ray-worker",

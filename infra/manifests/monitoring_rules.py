@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raytpu import metric_names as mn
+from raytpu.errors import invalid
 
 BY = ", ".join(mn.BASE_LABELS)
 """Every aggregation keeps the base labels: one alert per stack / slice / generation / topology."""
@@ -157,4 +158,4 @@ def alert(name: str) -> Alert:
     for candidate in ALERTS:
         if candidate.name == name:
             return candidate
-    raise ValueError(f"alert: {name!r} is not valid; valid: {', '.join(a.name for a in ALERTS)}")
+    raise ValueError(invalid("alert", name, (a.name for a in ALERTS)))

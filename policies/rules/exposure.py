@@ -14,6 +14,7 @@ from typing import Any
 
 from policies.props import as_int, as_list, get, is_unknown
 from policies.resources import cluster_spec
+from raytpu.errors import invalid
 from raytpu.ray_names import PRIVATE_HEAD_PORT_NAMES, PRIVATE_HEAD_PORTS
 
 RAY_HEAD_PORTS = PRIVATE_HEAD_PORTS
@@ -134,12 +135,14 @@ def check_workload_identity(props: Mapping[str, Any]) -> list[str]:
         return []
     project = get(props, "project")
     example = f"{project}.svc.id.goog" if isinstance(project, str) else "PROJECT_ID.svc.id.goog"
-    shown = "not set" if pool is None else f"{pool!r} is not valid"
-    return [
-        f"workloadIdentityConfig.workloadPool: {shown}; set it to {example!r} so Ray pods reach "
-        f"Google APIs (GCS checkpoints, Artifact Registry) as a Kubernetes service account, "
-        f"not with node credentials"
-    ]
+    field = "workloadIdentityConfig.workloadPool"
+    why = (
+        "Ray pods reach Google APIs (GCS checkpoints, Artifact Registry) through it as a "
+        "Kubernetes service account, not with node credentials"
+    )
+    if pool is None:
+        return [f"{field}: not set; set it to {example!r}; {why}"]
+    return [invalid(field, pool, f"a workload pool such as {example!r}", hint=why)]
 
 
 __all__ = [

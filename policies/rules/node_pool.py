@@ -21,6 +21,7 @@ from policies.props import as_int, as_list, as_map, is_unknown
 from policies.resources import NodePool, node_pool
 from policies.rules import Advisory
 from raytpu import catalog, generations
+from raytpu.errors import invalid
 
 
 @functools.cache
@@ -99,8 +100,12 @@ def check_pool_shape(pool: NodePool, topology: Any = None, source: str = "") -> 
         if pool.placement_type is not None and not is_unknown(pool.placement_type):
             if pool.placement_type != "COMPACT":
                 violations.append(
-                    f"placementPolicy.type: {pool.placement_type!r} is not valid for a multi-host "
-                    f"{shape.name} slice; valid: COMPACT"
+                    invalid(
+                        "placementPolicy.type",
+                        pool.placement_type,
+                        "COMPACT",
+                        reason=f"{shape.name} is a multi-host slice",
+                    )
                 )
         elif pool.placement_type is None:
             violations.append(
@@ -182,14 +187,19 @@ def _count_violations(pool: NodePool, shape: catalog.SliceShape) -> list[str]:
         raw_low, raw_high = autoscaling.get("minNodeCount"), autoscaling.get("maxNodeCount")
         if not is_unknown(low) and raw_low is not None and low not in (0, hosts):
             violations.append(
-                f"autoscaling.minNodeCount: {raw_low!r} is not valid for {facts}; valid: 0, "
-                f"{hosts} (a slice scales as a whole)"
+                invalid(
+                    "autoscaling.minNodeCount",
+                    raw_low,
+                    f"0, {hosts} (a slice scales as a whole)",
+                    reason=f"for {facts}",
+                )
             )
         if not is_unknown(high) and (raw_high is None or high != hosts):
-            shown = "not set" if raw_high is None else f"{raw_high!r} is not valid"
+            valid = f"{hosts} (one whole slice per pool)"
             violations.append(
-                f"autoscaling.maxNodeCount: {shown} for {facts}; valid: {hosts} (one whole "
-                f"slice per pool)"
+                f"autoscaling.maxNodeCount: not set for {facts}; valid: {valid}"
+                if raw_high is None
+                else invalid("autoscaling.maxNodeCount", raw_high, valid, reason=f"for {facts}")
             )
     return violations
 

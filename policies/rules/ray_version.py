@@ -14,6 +14,7 @@ from typing import Any
 
 from policies.props import as_list, get, is_unknown
 from policies.resources import cluster_spec, pod_templates
+from raytpu.errors import invalid
 from raytpu.ray_versions import MINIMUM_RAY_VERSION, UNRENDERED, image_version, parse_version
 
 DEFAULT_MINIMUM_VERSION = MINIMUM_RAY_VERSION
@@ -31,9 +32,7 @@ def check_ray_version(
     path, spec = found
     minimum = parse_version(minimum_version)
     if minimum is None:
-        raise ValueError(
-            f"minimumVersion: {minimum_version!r} is not valid; valid: X.Y.Z, e.g. 2.55.0"
-        )
+        raise ValueError(invalid("minimumVersion", minimum_version, "X.Y.Z, e.g. 2.55.0"))
     violations: list[str] = []
     ray_version = get(spec, "rayVersion")
     pinned: str | None = None

@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from raytpu.errors import invalid
+
 SPECIAL = ("<|endoftext|>",)
 
 
@@ -44,8 +46,11 @@ def tokenizer_json(text: str, vocab_size: int) -> str:
 
     if vocab_size < 256 + len(SPECIAL):
         raise ValueError(
-            f"vocab_size: {vocab_size!r} is not valid; valid: >= {256 + len(SPECIAL)} "
-            "(every byte plus the special tokens)"
+            invalid(
+                "vocab_size",
+                vocab_size,
+                f">= {256 + len(SPECIAL)} (every byte plus the special tokens)",
+            )
         )
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -76,8 +81,12 @@ def windows(tokens: np.ndarray, seq_len: int) -> np.ndarray:
     count = len(tokens) // width
     if count < 1:
         raise ValueError(
-            f"seq_len: {seq_len!r} is not valid for a corpus of {len(tokens)} tokens; "
-            f"valid: < {len(tokens)}"
+            invalid(
+                "seq_len",
+                seq_len,
+                f"< {len(tokens)}",
+                reason=f"the corpus has {len(tokens)} tokens",
+            )
         )
     return tokens[: count * width].reshape(count, width)
 
@@ -93,7 +102,7 @@ class HostShard:
 
     def __post_init__(self) -> None:
         if not 0 <= self.host < self.hosts:
-            raise ValueError(f"host: {self.host!r} is not valid; valid: 0..{self.hosts - 1}")
+            raise ValueError(invalid("host", self.host, f"0..{self.hosts - 1}"))
 
     @property
     def indices(self) -> np.ndarray:
@@ -108,8 +117,11 @@ class HostShard:
         owned = len(self.indices)
         if not 0 < local_batch <= owned:
             raise ValueError(
-                f"local_batch: {local_batch!r} is not valid; valid: 1..{owned} (the windows "
-                f"of host {self.host}'s shard)"
+                invalid(
+                    "local_batch",
+                    local_batch,
+                    f"1..{owned} (the windows of host {self.host}'s shard)",
+                )
             )
         source = grain.MapDataset.source(self.all_windows)[self.host :: self.hosts]
         return source.shuffle(seed=self.seed).repeat().batch(local_batch, drop_remainder=True)

@@ -20,6 +20,8 @@ import numpy as np
 import optax
 from flax import struct
 
+from raytpu.errors import invalid
+
 VOCAB = 256
 """Byte-level: every UTF-8 byte is a token."""
 ROPE_BASE = 10_000.0
@@ -223,8 +225,9 @@ def place_batch(rows: np.ndarray, mesh: jax.sharding.Mesh | None) -> jax.Array:
         return jnp.asarray(rows)
     if rows.shape[0] % mesh.size:
         raise ValueError(
-            f"batch rows: {rows.shape[0]} is not valid; valid: a multiple of the {mesh.size} "
-            "devices of the mesh"
+            invalid(
+                "batch rows", rows.shape[0], f"a multiple of the {mesh.size} devices of the mesh"
+            )
         )
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
     return jax.device_put(rows, sharding)

@@ -24,6 +24,7 @@ from ray import serve
 from raytpu.catalog import RAY_TPU_REQUEST_SIZES, SliceShape
 from raytpu.entrypoints import CHECKPOINT_ENV, SERVE_FALLBACK_ENV, SERVE_TPU_DEFAULT
 from raytpu.entrypoints import SERVE_TPU_ENV as TPU_ENV
+from raytpu.errors import invalid
 from raytpu.ray_names import LABEL_POD_TYPE, LABEL_TOPOLOGY
 from workloads import telemetry
 from workloads.serving.fallback import FallbackConfig
@@ -62,8 +63,9 @@ def build_app(
         )
     if shape is not None and shape.multi_host:
         raise ValueError(
-            f"serve slice: {shape.name} is not valid; valid: a single-host shape "
-            "(one replica runs on one TPU host)"
+            invalid(
+                "serve slice", shape.name, "a single-host shape (one replica runs on one TPU host)"
+            )
         )
     tpu = tpu_per_replica or (shape.chips_per_host if shape else SERVE_TPU_DEFAULT)
     actor_options: dict[str, Any] = {"resources": {"TPU": tpu}, "num_cpus": 0}
@@ -98,8 +100,7 @@ def build_app(
 def _app_from_env() -> Any:
     tpu = os.environ.get(TPU_ENV, str(SERVE_TPU_DEFAULT))
     if not tpu.isdigit() or int(tpu) not in RAY_TPU_REQUEST_SIZES:
-        valid = ", ".join(str(n) for n in RAY_TPU_REQUEST_SIZES)
-        raise ValueError(f"{TPU_ENV}: {tpu!r} is not valid; valid: {valid}")
+        raise ValueError(invalid(TPU_ENV, tpu, RAY_TPU_REQUEST_SIZES))
     return build_app(
         os.environ.get(CHECKPOINT_ENV, DEFAULT_CHECKPOINT_DIR),
         tpu_per_replica=int(tpu),
@@ -119,7 +120,7 @@ def fallback_from_env(text: str) -> FallbackConfig | None:
             f"{SERVE_FALLBACK_ENV}: not valid JSON ({error}); valid: an object"
         ) from None
     if not isinstance(fields, dict):
-        raise ValueError(f"{SERVE_FALLBACK_ENV}: {text!r} is not valid; valid: a JSON object")
+        raise ValueError(invalid(SERVE_FALLBACK_ENV, text, "a JSON object"))
     known = set(FallbackConfig.__dataclass_fields__)
     unknown = sorted(set(fields) - known)
     if unknown:

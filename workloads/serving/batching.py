@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from raytpu.errors import invalid
+
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
@@ -56,9 +58,9 @@ class AdaptiveBatcher(Generic[Item, Result]):
         adaptive: bool = True,
     ) -> None:
         if max_batch < 1:
-            raise ValueError(f"max_batch: {max_batch!r} is not valid; valid: an integer >= 1")
+            raise ValueError(invalid("max_batch", max_batch, "an integer >= 1"))
         if max_wait_s < 0:
-            raise ValueError(f"max_wait_s: {max_wait_s!r} is not valid; valid: >= 0 seconds")
+            raise ValueError(invalid("max_wait_s", max_wait_s, ">= 0 seconds"))
         self._run, self.max_batch, self.max_wait_s, self._key = run, max_batch, max_wait_s, key
         self.adaptive = adaptive
         """False: a batch leaves only when full or after ``max_wait_s`` (``@serve.batch``'s rule)."""

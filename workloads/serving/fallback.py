@@ -57,22 +57,21 @@ class FallbackConfig:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(
-                f"fallback.kind: {self.kind!r} is not valid; valid: {', '.join(KINDS)}"
-            )
+            raise ValueError(errors.invalid("fallback.kind", self.kind, KINDS))
         if self.kind == "openai" and not self.url.startswith(("http://", "https://")):
             raise ValueError(
-                f"fallback.url: {self.url!r} is not valid; valid: an http(s) URL of an "
-                "OpenAI-compatible API base (https://host/v1)"
+                errors.invalid(
+                    "fallback.url",
+                    self.url,
+                    "an http(s) URL of an OpenAI-compatible API base (https://host/v1)",
+                )
             )
         if not 1 <= self.max_attempts <= 10:
-            raise ValueError(
-                f"fallback.max_attempts: {self.max_attempts!r} is not valid; valid: 1..10"
-            )
+            raise ValueError(errors.invalid("fallback.max_attempts", self.max_attempts, "1..10"))
         for name in ("timeout_s", "backoff_s", "max_backoff_s", "probe_after_s"):
             value = getattr(self, name)
             if not 0 <= value <= 600:
-                raise ValueError(f"fallback.{name}: {value!r} is not valid; valid: 0..600 seconds")
+                raise ValueError(errors.invalid(f"fallback.{name}", value, "0..600 seconds"))
 
 
 class NoCapacityError(errors.RayTpuError):

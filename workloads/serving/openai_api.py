@@ -16,10 +16,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from raytpu.errors import invalid
 from workloads.serving.requests import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_TEMPERATURE,
     MAX_PROMPT_CHARS,
+    Clipped,
     GenerateRequest,
     Reply,
     RequestError,
@@ -72,15 +74,15 @@ def parse(route: str, body: bytes, model: str) -> OpenAIRequest:
     raw = load_object(body, CHAT_FIELDS if route == CHAT else COMPLETION_FIELDS)
     name = raw.get("model")
     if name != model:
-        raise RequestError(404, f"model: {name!r} is not valid; valid: {model}")
+        raise RequestError(404, invalid("model", name, model))
     if raw.get("n", 1) != 1 or isinstance(raw.get("n"), bool):
-        raise RequestError(422, f"n: {raw.get('n')!r} is not valid; valid: 1")
+        raise RequestError(422, invalid("n", raw.get("n"), "1"))
     stream = raw.get("stream", False)
     if not isinstance(stream, bool):
-        raise RequestError(422, f"stream: {stream!r} is not valid; valid: true or false")
+        raise RequestError(422, invalid("stream", stream, "true or false"))
     user = raw.get("user", "")
     if not isinstance(user, str) or len(user) > 256:
-        raise RequestError(422, f"user: {user!r} is not valid; valid: a string of <= 256 chars")
+        raise RequestError(422, invalid("user", user, "a string of <= 256 chars"))
     if route == CHAT:
         prompt = render_chat(raw.get("messages"))
         tokens_field = "max_completion_tokens" if "max_completion_tokens" in raw else "max_tokens"
@@ -96,20 +98,18 @@ def render_chat(messages: Any) -> str:
     """``messages`` as the model's prompt: ``role: content`` lines, then ``assistant:``."""
     if not isinstance(messages, list) or not 1 <= len(messages) <= MAX_MESSAGES:
         raise RequestError(
-            422, f"messages: {messages!r:.80} is not valid; valid: a list of 1..{MAX_MESSAGES}"
+            422, invalid("messages", Clipped(messages), f"a list of 1..{MAX_MESSAGES}")
         )
     lines = []
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
         if not isinstance(message, dict) or set(message) - {"role", "content", "name"}:
             raise RequestError(
-                422, f"{where}: {message!r:.80} is not valid; valid: an object with role, content"
+                422, invalid(where, Clipped(message), "an object with role, content")
             )
         role = message.get("role")
         if role not in ROLES:
-            raise RequestError(
-                422, f"{where}.role: {role!r} is not valid; valid: {', '.join(ROLES)}"
-            )
+            raise RequestError(422, invalid(f"{where}.role", role, ROLES))
         content = check_prompt(message.get("content"), f"{where}.content")
         lines.append(f"{role}: {content}\n")
     prompt = "".join(lines) + "assistant:"

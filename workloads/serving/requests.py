@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raytpu import inputs
+from raytpu.errors import invalid
 
 MAX_PROMPT_CHARS = 1000
 MAX_NEW_TOKENS = 256
@@ -34,6 +35,16 @@ MAX_BATCH_SIZE = BATCH_BUCKETS[-1]
 
 DEFAULT_CHECKPOINT_DIR = "/tmp/raytpu/checkpoints"
 FIELDS = ("prompt", "max_new_tokens", "temperature")
+
+
+class Clipped:
+    """A value whose repr is cut to ``width`` characters: a refusal does not echo a whole body."""
+
+    def __init__(self, value: Any, width: int = 80) -> None:
+        self.value, self.width = value, width
+
+    def __repr__(self) -> str:
+        return f"{self.value!r:.{self.width}}"
 
 
 class RequestError(ValueError):
@@ -77,7 +88,7 @@ def load_object(body: bytes, fields: tuple[str, ...]) -> dict[str, Any]:
     except inputs.InputError as error:  # "body: line L, column C: not valid JSON: ..." etc.
         raise RequestError(400, str(error)) from None
     if not isinstance(raw, dict):
-        raise RequestError(400, f"body: a JSON {type(raw).__name__} is not valid; valid: an object")
+        raise RequestError(400, invalid("body", type(raw).__name__, "a JSON object"))
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise RequestError(422, f"{unknown[0]}: unknown field; valid: {', '.join(fields)}")
@@ -87,9 +98,10 @@ def load_object(body: bytes, fields: tuple[str, ...]) -> dict[str, Any]:
 def check_prompt(prompt: Any, field: str, limit: int = MAX_PROMPT_CHARS) -> str:
     """A non-empty string of at most ``limit`` characters that encodes as UTF-8."""
     if not isinstance(prompt, str):
-        raise RequestError(422, f"{field}: {prompt!r} is not valid; valid: a non-empty string")
+        raise RequestError(422, invalid(field, prompt, "a non-empty string"))
     if not prompt.strip():
-        raise RequestError(422, f"{field}: empty prompt is not valid; valid: a non-empty string")
+        shown = Clipped(prompt)  # whitespace only, perhaps a thousand characters of it
+        raise RequestError(422, invalid(field, shown, "a non-empty string", reason="empty prompt"))
     if len(prompt) > limit:
         raise RequestError(413, f"{field}: {len(prompt)} characters is too long; valid: <= {limit}")
     try:
@@ -106,9 +118,7 @@ def check_prompt(prompt: Any, field: str, limit: int = MAX_PROMPT_CHARS) -> str:
 
 def check_max_tokens(tokens: Any, field: str) -> int:
     if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_NEW_TOKENS:
-        raise RequestError(
-            422, f"{field}: {tokens!r} is not valid; valid: an integer 1..{MAX_NEW_TOKENS}"
-        )
+        raise RequestError(422, invalid(field, tokens, f"an integer 1..{MAX_NEW_TOKENS}"))
     return tokens
 
 
@@ -121,7 +131,7 @@ def check_temperature(temperature: Any) -> float:
     ):
         raise RequestError(
             422,
-            f"temperature: {temperature!r} is not valid; valid: a number 0..{MAX_TEMPERATURE:g}",
+            invalid("temperature", temperature, f"a number 0..{MAX_TEMPERATURE:g}"),
         )
     return float(temperature)
 
@@ -191,7 +201,7 @@ def batch_buckets(devices: int) -> tuple[int, ...]:
     """Padded batch sizes on ``devices`` devices: each a multiple of ``devices`` (every chip gets
     rows), covering 1..MAX_BATCH_SIZE requests."""
     if devices < 1:
-        raise ValueError(f"devices: {devices!r} is not valid; valid: an integer >= 1")
+        raise ValueError(invalid("devices", devices, "an integer >= 1"))
     sizes = {-(-b // devices) * devices for b in BATCH_BUCKETS}
     return tuple(sorted(sizes))
 
@@ -201,7 +211,7 @@ def pad_to_bucket(
 ) -> list[GenerateRequest]:
     """``requests`` followed by one-token filler rows, up to the next size in ``buckets``."""
     if not 1 <= len(requests) <= MAX_BATCH_SIZE:
-        raise ValueError(f"batch size: {len(requests)} is not valid; valid: 1..{MAX_BATCH_SIZE}")
+        raise ValueError(invalid("batch size", len(requests), f"1..{MAX_BATCH_SIZE}"))
     size = next(b for b in buckets if b >= len(requests))
     return [*requests, *[PAD_REQUEST] * (size - len(requests))]
 

@@ -43,6 +43,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 from raytpu.catalog import SliceShape
+from raytpu.errors import invalid
 from raytpu.ray_names import (
     LABEL_ACCELERATOR_TYPE,
     LABEL_POD_TYPE,
@@ -103,8 +104,7 @@ def host_specs(slices: Iterable[SliceLike]) -> list[SimulatedHost]:
         shape = slice_config.shape
         if int(slice_config.count) < 1:
             raise LocalClusterError(
-                f"slices[{slice_config.name}].count: {slice_config.count!r} is not valid; "
-                "valid: an integer >= 1"
+                invalid(f"slices[{slice_config.name}].count", slice_config.count, "an integer >= 1")
             )
         for copy in range(int(slice_config.count)):
             slice_name = f"{slice_config.name}-{copy}"
@@ -176,8 +176,7 @@ class LocalSliceCluster:
         missing = {(str(name), int(worker)) for name, worker in missing_hosts}
         for pair in sorted(missing - known):
             raise LocalClusterError(
-                f"missing_hosts: {pair!r} is not valid; valid: "
-                + ", ".join(f"({s!r}, {w})" for s, w in sorted(known))
+                invalid("missing_hosts", pair, (f"({s!r}, {w})" for s, w in sorted(known)))
             )
         self.hosts = [h for h in every if (h.slice_name, h.worker_id) not in missing]
         self.slices = tuple(slices)
@@ -408,10 +407,8 @@ class LocalSliceCluster:
                     if worker.node_id == node_id:
                         self._cluster.remove_node(worker, allow_graceful=False)
                         return node_id
-        valid = ", ".join(f"({h.slice_name!r}, {h.worker_id})" for h in self.hosts)
-        raise LocalClusterError(
-            f"remove_host: ({slice_name!r}, {worker_id}) is not valid; valid: {valid}"
-        )
+        valid = [f"({h.slice_name!r}, {h.worker_id})" for h in self.hosts]
+        raise LocalClusterError(invalid("remove_host", (slice_name, worker_id), valid))
 
     # -- for the node pool (workloads.sim.node_pool) --------------------------------------------
     def host_env(self, host: SimulatedHost, host_dir: Path) -> dict[str, str]:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from raytpu.catalog import SliceShape
+from raytpu.errors import invalid
 from workloads.training.goodput import GoodputConfig, GoodputEvent
 
 
@@ -52,7 +53,7 @@ class TrainConfig:
         ]
         for name, value, ok, valid in checks:
             if not ok:
-                raise ValueError(f"train.{name}: {value!r} is not valid; valid: {valid}")
+                raise ValueError(invalid(f"train.{name}", value, valid))
         self.goodput.validate()
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from raytpu.catalog import SliceShape
+from raytpu.errors import invalid
 from workloads import storage, telemetry
 from workloads.training import multislice
 from workloads.training.config import (
@@ -250,11 +251,16 @@ def _plan(
     pin = ray_splits_slice(shape)
     if pin and num_slices > 1:
         raise ValueError(
-            f"num_slices: {num_slices} is not valid for {shape.name}: Ray's JaxTrainer takes "
-            f"{shape.generation.name} {shape.topology} for one host and would not keep each "
-            "slice's workers on its own hosts; valid: 1 (its workers are pinned to the slice "
-            "the capacity check found), or a shape Ray reserves by slice name "
-            f"(e.g. {shape.generation.name} 4x4, or {shape.topology} on an 8-chip machine type)"
+            invalid(
+                "num_slices",
+                num_slices,
+                "1 (its workers are pinned to the slice the capacity check found), or a shape "
+                f"Ray reserves by slice name (e.g. {shape.generation.name} 4x4, or "
+                f"{shape.topology} on an 8-chip machine type)",
+                reason=f"for {shape.name}, Ray's JaxTrainer takes {shape.generation.name} "
+                f"{shape.topology} for one host and would not keep each slice's workers on its "
+                "own hosts",
+            )
         )
     if run.goodput.faults:
         faults = FaultPlan.from_config(run.goodput.faults).faults

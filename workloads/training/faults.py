@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from raytpu.errors import invalid
+
 KINDS = ("kill-host", "hang", "spike", "slow-host", "preempt")
 SLOW_HOST_DELAY_S = 1.0
 HANG_SLEEP_S = 3600.0
@@ -61,15 +63,15 @@ def parse_fault(text: str, *, field: str = "inject") -> FaultSpec:
     valid = f"KIND@STEP[:HOST] with KIND one of {', '.join(KINDS)}, STEP >= 0, HOST >= 0"
     kind, at, rest = text.strip().partition("@")
     if not at or kind not in KINDS:
-        raise ValueError(f"{field}: {text!r} is not valid; valid: {valid}")
+        raise ValueError(invalid(field, text, valid))
     step_text, colon, host_text = rest.partition(":")
     try:
         step = int(step_text)
         host = int(host_text) if colon else -1
     except ValueError:
-        raise ValueError(f"{field}: {text!r} is not valid; valid: {valid}") from None
+        raise ValueError(invalid(field, text, valid)) from None
     if step < 0 or (colon and host < 0):
-        raise ValueError(f"{field}: {text!r} is not valid; valid: {valid}")
+        raise ValueError(invalid(field, text, valid))
     return FaultSpec(kind, step, host)
 
 

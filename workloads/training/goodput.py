@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raytpu.errors import invalid
+
 SPIKE_POLICIES = ("log", "skip", "rollback")
 SLOW_POLICIES = ("warn", "restart")
 EVENT_KINDS = ("hang", "host_loss", "preemption", "loss_spike", "slow_host")
@@ -104,7 +106,7 @@ class GoodputConfig:
         ]  # fmt: skip
         for name, value, ok, valid in checks:
             if not ok:
-                raise ValueError(f"train.goodput.{name}: {value!r} is not valid; valid: {valid}")
+                raise ValueError(invalid(f"train.goodput.{name}", value, valid))
         parse_faults(self.faults, field="train.goodput.faults")
 
 
