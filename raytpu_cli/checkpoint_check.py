@@ -13,6 +13,7 @@ client (the emulator's too, where ``STORAGE_EMULATOR_HOST`` points at it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
@@ -84,12 +85,10 @@ def read_checkpoints(directory: str, fs: Any) -> Checkpoints:
     steps = tuple(sorted(_step_folders(fs, root)))
     meta = None
     if steps:
-        try:
+        # A checkpoint saved without a meta is the byte LM's older layout.
+        with contextlib.suppress(FileNotFoundError, ValueError):
             meta = json.loads(fs.cat_file(f"{root}/{steps[-1]}/meta/metadata"))
-        except (FileNotFoundError, ValueError):
-            meta = None  # a checkpoint saved without a meta: the byte LM's older layout
-        if meta is None:
-            meta = {"family": "byte-lm"}
+        meta = meta or {"family": "byte-lm"}
     return Checkpoints(directory=directory, steps=steps, meta=meta)
 
 
@@ -102,7 +101,7 @@ def runs_in_bucket(directory: str, fs: Any) -> list[str]:
     runs = []
     for entry in _folders(fs, parent)[:MAX_FOLDERS_PROBED]:
         candidate = prefix + entry.removeprefix("gs://")
-        if candidate.rstrip("/") != root and any(True for _ in _step_folders(fs, candidate)):
+        if candidate.rstrip("/") != root and _step_folders(fs, candidate):
             runs.append(candidate)
         if len(runs) > MAX_RUNS_SHOWN:
             break
