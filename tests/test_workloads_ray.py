@@ -302,7 +302,7 @@ def test_a_replica_computes_on_every_chip_of_its_host(serving):
     ("raw", "status", "fragment"),
     [
         (b"{nope", 400, "not valid JSON"),
-        (b'"just a string"', 400, "valid: an object"),
+        (b'"just a string"', 400, "valid: a JSON object"),
         (b'{"prompt": ""}', 422, "empty prompt"),
         (b'{"prompt": "' + b"a" * 1001 + b'"}', 413, "too long"),
         (b'{"prompt": "hi", "max_new_tokens": -3}', 422, "max_new_tokens: -3"),

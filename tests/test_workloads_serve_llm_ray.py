@@ -130,8 +130,13 @@ def test_openai_client_completions_and_chat_streamed_and_not(served):
 
 
 def test_a_second_replica_hits_the_prefix_the_first_cached_and_skips_its_prefill(served):
+    import ray
     from ray import serve
 
+    from workloads.serving.engine.prefix_cache import DIRECTORY_NAME, DIRECTORY_NAMESPACE
+
+    shared = ray.get_actor(DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE)
+    before = ray.get(shared.size.remote(), timeout=30)
     replies = []
     for index in range(12):  # two replicas, picked at random: the second one shows up soon
         status, body, headers = post(
@@ -141,6 +146,11 @@ def test_a_second_replica_hits_the_prefix_the_first_cached_and_skips_its_prefill
         replies.append(body)
         if body["prefix_tier"] == "shared":
             break
+        if index == 0:  # the publish is fire and forget: wait until the directory has it
+            deadline = time.monotonic() + 60
+            while ray.get(shared.size.remote(), timeout=30) < before + 43:
+                assert time.monotonic() < deadline, "the prefix never reached the shared tier"
+                time.sleep(0.2)
     cold, *warm = replies
     assert cold["prefix_tier"] == "" and cold["prefix_cached_tokens"] == 0
     assert warm and warm[-1]["prefix_tier"] == "shared", [r["prefix_tier"] for r in replies]
