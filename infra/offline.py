@@ -14,7 +14,7 @@ import atexit
 import base64
 import json
 import runpy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ __all__ = [
     "DeclaredResource",
     "ProgramRun",
     "engine_config",
+    "held_back",
     "run_entrypoint",
     "run_program",
     "run_program_detailed",
@@ -60,6 +61,8 @@ class DeclaredResource:
     """URNs this resource waits for (``depends_on`` and inputs from other resources)."""
     ignore_changes: tuple[str, ...] = ()
     """Input properties Pulumi leaves alone after creation (``ResourceOptions.ignore_changes``)."""
+    retain_on_delete: bool = False
+    """Whether deleting it from the stack leaves it in the cloud (``retain_on_delete``)."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ def _run(body: Callable[[], None], *, stack: str, config: Mapping[str, str]) -> 
                         custom=bool(request.custom),
                         dependencies=tuple(request.dependencies),
                         ignore_changes=tuple(request.ignoreChanges),
+                        retain_on_delete=bool(request.retainOnDelete),
                     )
                 )
             return response
@@ -225,6 +229,25 @@ def run_program_detailed(config: StackConfig, *, stack: str = "dev") -> ProgramR
     if run.error is not None:
         raise run.error
     return run
+
+
+def held_back(resources: Collection[DeclaredResource], failed: Collection[str]) -> set[str]:
+    """The URNs that do not land when creating the resources named ``failed`` fails (a TPU
+    stockout): those and every resource that waits on them, directly or not. Everything else
+    is created by ``pulumi up --continue-on-error`` (the engine skips only the dependents of a
+    failed step)."""
+    waiting: dict[str, set[str]] = {}
+    for resource in resources:
+        for dependency in resource.dependencies:
+            waiting.setdefault(dependency, set()).add(resource.urn)
+    lost = {r.urn for r in resources if r.custom and r.name in failed}
+    frontier = list(lost)
+    while frontier:
+        for urn in waiting.get(frontier.pop(), ()):
+            if urn not in lost:
+                lost.add(urn)
+                frontier.append(urn)
+    return lost
 
 
 def engine_config(raw: Mapping[str, Any]) -> dict[str, str]:

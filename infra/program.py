@@ -54,11 +54,15 @@ def slice_summary(config: StackConfig) -> dict[str, dict[str, Any]]:
 
 @dataclass(frozen=True)
 class _Nodes:
-    """The cluster and what its pods run on."""
+    """The cluster and what its pods run on. Nothing waits on every TPU pool: a pool that cannot
+    be created (a stockout) holds back only the Ray objects on its slice."""
 
     gke: GkeCluster
-    waited_for: list[pulumi.Resource]
-    """What pods need before they start: the node pools (and, on private nodes, NAT)."""
+    cpu: list[pulumi.Resource]
+    """What every pod needs before it starts: the CPU pool (Ray heads, controllers) and, on
+    private nodes, NAT."""
+    slices: dict[str, TpuSlice]
+    """Slice name -> its node pools, which only the Ray objects on that slice wait for."""
 
 
 def declare(config: StackConfig) -> None:
@@ -82,7 +86,6 @@ def declare(config: StackConfig) -> None:
             cluster_name=nodes.gke.name,
             endpoint=nodes.gke.endpoint,
             ca_certificate=nodes.gke.ca_certificate,
-            wait_for=nodes.waited_for,
             namespaces=config.namespaces,
         ),
     )
@@ -97,7 +100,7 @@ def declare(config: StackConfig) -> None:
             cluster=nodes.gke.cluster,
         ),
     )
-    ray_objects = _ray_objects(config, access, storage)
+    ray_objects = _ray_objects(config, nodes, access, storage)
     if config.security.dashboard_iap is not None:
         pulumi.export("dashboardIap", _dashboard_iap(config, access, ray_objects).outputs)
     Monitoring(
@@ -147,8 +150,8 @@ def _nodes(config: StackConfig) -> _Nodes:
             service_account=cluster_cfg.node_service_account,
         ),
     )
-    slices = [
-        TpuSlice(
+    slices = {
+        s.name: TpuSlice(
             f"slice-{s.name}",
             TpuSliceArgs(
                 project=config.project,
@@ -160,21 +163,27 @@ def _nodes(config: StackConfig) -> _Nodes:
             ),
         )
         for s in config.slices
-    ]
-    return _Nodes(gke, [cpu, *slices, *([nat] if nat is not None else [])])
+    }
+    return _Nodes(gke, [cpu, *([nat] if nat is not None else [])], slices)
 
 
 def _ray_objects(
-    config: StackConfig, access: KubernetesAccess, storage: CheckpointStorage
+    config: StackConfig, nodes: _Nodes, access: KubernetesAccess, storage: CheckpointStorage
 ) -> dict[RayKind, list[RayObject]]:
-    """One RayObject per declared RayCluster, RayService and RayJob. Each waits for its
-    namespace, its pods' ServiceAccount and its grant, and a team's for its Kueue queues."""
+    """One RayObject per declared RayCluster, RayService and RayJob. Each waits for the CPU
+    pool and its own slice's node pools (no other slice's), its namespace, its pods'
+    ServiceAccount and its grant, and a team's for its Kueue queues."""
     namespaces = access.namespaces
     kueue = None
     if config.teams:
         kueue = Kueue(
             "kueue",
-            KueueArgs(stack=config, provider=access.provider, depends_on=list(namespaces.values())),
+            KueueArgs(
+                stack=config,
+                provider=access.provider,
+                nodes=nodes.cpu,
+                depends_on=list(namespaces.values()),
+            ),
         )
 
     def needs(obj: Any) -> list[pulumi.Resource]:
@@ -195,6 +204,7 @@ def _ray_objects(
                     provider=access.provider,
                     stack_name=pulumi.get_stack(),
                     depends_on=needs(obj),
+                    nodes=[*nodes.cpu, nodes.slices[obj.slice]],
                 ),
             )
             for obj in kind.objects(config)

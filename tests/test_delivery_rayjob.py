@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -154,9 +155,13 @@ def test_the_program_declares_the_ray_job_and_its_outputs_feed_submit(
 ) -> None:
     resources, outputs = run_program(parse_config(dev_raw), stack="dev")
     (job,) = [r for r in resources if r.type == "kubernetes:ray.io/v1:RayJob"]
-    assert job.props["metadata"]["name"] == "train-run"
+    run = job.props["metadata"]["name"]
+    assert re.fullmatch(r"train-run-[0-9a-f]{6}", run), run  # a digest of what it runs
     assert job.props["spec"]["submissionMode"] == "K8sJobMode"
+    # A running job is never patched nor deleted by a later deploy (tests/test_infra_deploys.py).
+    assert (job.ignore_changes, job.retain_on_delete) == (("spec",), True)
     assert outputs["rayJobs"]["train-run"]["slice"] == "train"
+    assert outputs["rayJobs"]["train-run"]["run"] == run
     # The stack outputs the program exports are exactly what `raytpu submit` reads.
     parsed = parse_outputs(outputs, "dev")
     assert parsed.ray_cluster("train").port_forward_command() == (

@@ -105,8 +105,8 @@ def test_cloud_nat_with_private_nodes(runs: dict[str, ProgramRun], stack: str, n
         assert gateway.props["router"] == router.props["name"]
         assert gateway.props["sourceSubnetworkIpRangesToNat"] == "ALL_SUBNETWORKS_ALL_IP_RANGES"
         assert router.props["region"] == gateway.props["region"] == "us-east5"
-        provider = _one(runs[stack], PROVIDER)
-        assert gateway.urn in provider.dependencies
+        for kind in (RAY_CLUSTER, RAY_SERVICE):  # pods on private nodes pull through NAT
+            assert all(gateway.urn in r.dependencies for r in runs[stack].of_type(kind))
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"], ids=["dev", "prod"])
@@ -471,13 +471,6 @@ def test_exactly_the_expected_ray_objects(runs: dict[str, ProgramRun], stack: st
 
 
 # ---------------------------------------------------------------------------- wiring
-
-
-@pytest.mark.parametrize("stack", ["dev", "prod"], ids=["dev", "prod"])
-def test_provider_waits_for_every_node_pool(runs: dict[str, ProgramRun], stack: str) -> None:
-    provider = _one(runs[stack], PROVIDER)
-    pools = {r.urn for r in runs[stack].of_type(NODE_POOL)}
-    assert pools <= set(provider.dependencies)
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"], ids=["dev", "prod"])

@@ -150,7 +150,8 @@ def test_team_objects_carry_queue_and_priority(
     run: ProgramRun, key: str, expected: tuple[str, str]
 ) -> None:
     type_, name = key.rsplit(":", 1)
-    (obj,) = [r for r in run.of_type(type_) if r.props["metadata"]["name"] == name]
+    prefix = type_.rsplit(":", 1)[1].lower()  # resource names: <kind>-<name> (a RayJob's
+    (obj,) = [r for r in run.of_type(type_) if r.name == f"{prefix}-{name}"]  # object: + digest)
     labels = obj.props["metadata"]["labels"]
     assert (labels[QUEUE], labels[PRIORITY]) == expected
     namespace = obj.props["metadata"]["namespace"]

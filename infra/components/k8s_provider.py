@@ -1,14 +1,15 @@
 """A Kubernetes provider for the GKE cluster, authenticated by ``gke-gcloud-auth-plugin``.
 
 The kubeconfig is built as a data structure and serialized with PyYAML (never by string
-formatting), exported as a secret, and the provider waits for the node pools so that KubeRay
-objects are only created once there are nodes to run them on.
+formatting) and exported as a secret. The provider waits for the cluster only (through its
+endpoint): what needs nodes waits for its own node pools (:mod:`infra.program`), so that one TPU
+pool that cannot be created does not hold back every Kubernetes object.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
@@ -64,8 +65,6 @@ class KubernetesAccessArgs:
     cluster_name: pulumi.Input[str]
     endpoint: pulumi.Input[str]
     ca_certificate: pulumi.Input[str]
-    wait_for: Sequence[pulumi.Resource] = field(default_factory=tuple)
-    """Resources (the node pools) that must exist before anything uses the provider."""
     namespaces: Sequence[str] = ()
     """Namespaces to create for the Ray objects (``default`` exists already)."""
 
@@ -85,7 +84,7 @@ class KubernetesAccess(pulumi.ComponentResource):
         self.provider = k8s.Provider(
             name,
             kubeconfig=self.kubeconfig,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.wait_for)),
+            opts=pulumi.ResourceOptions(parent=self),
         )
         self.namespaces = {
             namespace: k8s.core.v1.Namespace(

@@ -30,6 +30,8 @@ from raytpu import kueue
 class KueueArgs:
     stack: StackConfig
     provider: k8s.Provider
+    nodes: Sequence[pulumi.Resource] = field(default_factory=tuple)
+    """What Kueue's controller pods run on (the CPU pool): its Helm release waits for them."""
     depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)
     """The namespaces of the teams' LocalQueues."""
 
@@ -49,7 +51,9 @@ class Kueue(pulumi.ComponentResource):
             version=kueue.KUEUE_VERSION,
             namespace=kueue.KUEUE_NAMESPACE,
             create_namespace=True,
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider),
+            opts=pulumi.ResourceOptions(
+                parent=self, provider=args.provider, depends_on=list(args.nodes)
+            ),
         )
         after_release = pulumi.ResourceOptions(
             parent=self, provider=args.provider, depends_on=[self.release]

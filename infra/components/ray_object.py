@@ -29,6 +29,10 @@ class RayObjectArgs:
     provider: k8s.Provider
     stack_name: str = ""
     depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)
+    """What every child waits for (the namespace, the pods' ServiceAccount and its grant)."""
+    nodes: Sequence[pulumi.Resource] = field(default_factory=tuple)
+    """What only the KubeRay object waits for: the node pools its pods run on (the CPU pool and
+    its own slice's), so that a pool that cannot be created holds back nothing else."""
 
 
 class RayObject(pulumi.ComponentResource):
@@ -45,7 +49,7 @@ class RayObject(pulumi.ComponentResource):
             parent=self, provider=args.provider, depends_on=list(args.depends_on)
         )
         self.credential = ray_auth.credential(security.ray_auth, args.kind.kind)
-        needs: list[pulumi.Resource] = list(args.depends_on)
+        needs: list[pulumi.Resource] = [*args.depends_on, *args.nodes]
         if self.credential == "secret":
             # The provider generates the token once and keeps it (secret) in the stack's state;
             # rotate it with `pulumi up --replace <this RandomPassword's URN>` (docs/security.md).
@@ -89,7 +93,8 @@ class RayObject(pulumi.ComponentResource):
                 parent=self,
                 provider=args.provider,
                 depends_on=needs,
-                delete_before_replace=args.kind.delete_before_replace,
+                ignore_changes=list(args.kind.ignore_changes) or None,
+                retain_on_delete=args.kind.retain_on_delete,
             ),
         )
         self.name = args.config.name

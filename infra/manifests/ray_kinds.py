@@ -40,7 +40,10 @@ class RayKind:
     """``(stack, object config, stack name) -> manifest`` (apiVersion, kind, metadata, spec)."""
     outputs: Callable[[Any, Manifest], Mapping[str, Any]]
     """The stack output of one object, as :mod:`raytpu.stack_outputs` reads it."""
-    delete_before_replace: bool = False
+    ignore_changes: tuple[str, ...] = ()
+    """Inputs of the custom resource a later ``pulumi up`` leaves alone once it exists."""
+    retain_on_delete: bool = False
+    """Whether Pulumi leaves the object in the cluster when it drops it (replaced or removed)."""
 
 
 def _auth_outputs(manifest: Manifest) -> dict[str, Any]:
@@ -73,6 +76,7 @@ def _job_outputs(obj: RayJobConfig, manifest: Manifest) -> dict[str, Any]:
     return {
         "namespace": obj.namespace,
         "slice": obj.slice,
+        "run": manifest["metadata"]["name"],
         "entrypoint": entrypoint(manifest),
         **_auth_outputs(manifest),
     }
@@ -109,10 +113,12 @@ RAY_KINDS: tuple[RayKind, ...] = (
             stack, obj, stack_name=stack_name
         ),
         outputs=_job_outputs,
-        # KubeRay deletes the job's RayCluster after the TTL; the RayJob object stays (status
-        # Complete) until Pulumi deletes it. A changed spec is a new run, and the name is fixed:
-        # delete the old RayJob first, never patch a running one.
-        delete_before_replace=True,
+        # A job runs what it was created with (the name carries a digest of it: run_name): a
+        # deploy that only bumps the image changes nothing, a changed job is a new RayJob, and
+        # the old one is left to finish (KubeRay deletes its RayCluster after the TTL; delete
+        # the finished RayJob object with kubectl: docs/infra.md#deploys-and-tpu-capacity).
+        ignore_changes=("spec",),
+        retain_on_delete=True,
     ),
 )
 """Every KubeRay kind the program declares, in declaration order."""

@@ -11,10 +11,17 @@ Glossary (KubeRay's and Ray's words):
 - **runtime env**: the code and packages come from the worker image (see the Dockerfile, which
   installs this project and ``jax[tpu]``); the runtime env adds environment variables only, so
   the job starts without installing anything on the TPU hosts.
+- **run name**: a RayJob runs what it was created with; KubeRay passes no later spec change on
+  to its RayCluster. So the object is named ``<job>-<digest of its spec, images left out>``
+  (:func:`run_name`): a deploy that only bumps the image leaves a running job alone (the
+  component ignores spec changes), and a changed job is a new RayJob under a new name, the old
+  one left to finish (:mod:`infra.components.ray_object`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shlex
 from typing import Any
 
@@ -24,9 +31,19 @@ from infra.config.schema import RayJobConfig, StackConfig
 from infra.manifests import kuberay
 from raytpu import entrypoints
 
-__all__ = ["SUBMISSION_MODE", "entrypoint", "ray_job_object", "ray_job_spec", "runtime_env"]
+__all__ = [
+    "SUBMISSION_MODE",
+    "entrypoint",
+    "ray_job_object",
+    "ray_job_spec",
+    "run_name",
+    "runtime_env",
+]
 
 SUBMISSION_MODE = "K8sJobMode"
+RUN_DIGEST_CHARS = 6
+"""A config name of at most 40 characters, ``-`` and 6 hex digits: KubeRay's 47-character
+RayJob name limit (53 for a RayCluster, less the 6 it appends)."""
 
 
 def entrypoint(stack: StackConfig, job: RayJobConfig) -> str:
@@ -70,13 +87,30 @@ def ray_job_spec(stack: StackConfig, job: RayJobConfig, *, stack_name: str = "")
     return spec
 
 
+def _without_images(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_images(v) for k, v in value.items() if k != "image"}
+    if isinstance(value, list):
+        return [_without_images(v) for v in value]
+    return value
+
+
+def run_name(job: RayJobConfig, spec: dict[str, Any]) -> str:
+    """The RayJob's Kubernetes name: the job's name and a digest of what it runs (``spec``
+    without its container images), so that only a change of what runs makes a new run."""
+    text = json.dumps(_without_images(spec), sort_keys=True, separators=(",", ":"))
+    return f"{job.name}-{hashlib.sha256(text.encode()).hexdigest()[:RUN_DIGEST_CHARS]}"
+
+
 def ray_job_object(
     stack: StackConfig, job: RayJobConfig, *, stack_name: str = ""
 ) -> dict[str, Any]:
-    """The whole RayJob manifest (apiVersion, kind, metadata, spec)."""
+    """The whole RayJob manifest (apiVersion, kind, metadata, spec), named by :func:`run_name`."""
+    spec = ray_job_spec(stack, job, stack_name=stack_name)
+    metadata = kuberay.metadata(stack, job.cluster)
     return {
         "apiVersion": kuberay.API_VERSION,
         "kind": "RayJob",
-        "metadata": kuberay.metadata(stack, job.cluster),
-        "spec": ray_job_spec(stack, job, stack_name=stack_name),
+        "metadata": {**metadata, "name": run_name(job, spec)},
+        "spec": spec,
     }

@@ -1,0 +1,176 @@
+"""Deploys that respect TPU capacity, under mocks: what waits on which node pool, what a pool
+that cannot be created (a stockout) holds back, and what a second ``pulumi up`` that only bumps
+the image tag would do to running training (``tests/preview_diff.py`` models the engine)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from preview_diff import plan
+
+from infra.config.stack import load_stack, parse_config
+from infra.offline import DeclaredResource, ProgramRun, held_back, run_program_detailed
+
+REPO = Path(__file__).resolve().parents[1]
+NODE_POOL = "gcp:container/nodePool:NodePool"
+PROVIDER = "pulumi:providers:kubernetes"
+RAY_TYPES = {f"kubernetes:ray.io/v1:{kind}" for kind in ("RayCluster", "RayService", "RayJob")}
+TPU_SLICE = "ray-tpu:infra:TpuSlice"
+
+
+def _raw(stack: str) -> dict[str, Any]:
+    return copy.deepcopy(yaml.safe_load((REPO / f"Pulumi.{stack}.yaml").read_text())["config"])
+
+
+def _with_job(raw: dict[str, Any], **job: Any) -> dict[str, Any]:
+    """dev with a RayJob on a second ``train`` slice."""
+    for item in raw["ray-tpu:slices"]:
+        if item["name"] == "train":
+            item["count"] = 2
+    raw["ray-tpu:rayJobs"] = [{"name": "train-run", "slice": "train", "replicas": 1, **job}]
+    return raw
+
+
+def _run(raw: dict[str, Any]) -> ProgramRun:
+    return run_program_detailed(parse_config(raw), stack="dev")
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, ProgramRun]:
+    return {
+        "dev": run_program_detailed(load_stack("dev"), stack="dev"),
+        "prod": run_program_detailed(load_stack("prod"), stack="prod"),
+        "dev+job": _run(_with_job(_raw("dev"), args=["--steps", "200"])),
+    }
+
+
+def _slice_of(run: ProgramRun, pool: DeclaredResource) -> str:
+    """The slice a node pool belongs to (its TpuSlice component: ``slice-<name>``)."""
+    (parent,) = [r for r in run.resources if r.urn == pool.parent]
+    assert parent.type == TPU_SLICE, pool.name
+    return parent.name.removeprefix("slice-")
+
+
+def _ray_objects(run: ProgramRun) -> list[DeclaredResource]:
+    return [r for r in run.resources if r.type in RAY_TYPES]
+
+
+def _tpu_pools(run: ProgramRun) -> list[DeclaredResource]:
+    return [p for p in run.of_type(NODE_POOL) if p.name != "cpu-pool"]
+
+
+STACKS = ["dev", "prod", "dev+job"]
+
+
+# ---------------------------------------------------------------------------- who waits on what
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=STACKS)
+def test_nothing_but_a_slice_s_own_ray_objects_waits_on_its_pools(
+    runs: dict[str, ProgramRun], stack: str
+) -> None:
+    run = runs[stack]
+    (provider,) = run.of_type(PROVIDER)
+    pools = {p.urn: p for p in run.of_type(NODE_POOL)}
+    assert not set(provider.dependencies) & set(pools)  # the provider waits for the cluster only
+    (cpu,) = [p for p in pools.values() if p.name == "cpu-pool"]
+    for obj in _ray_objects(run):
+        on = obj.props["metadata"]["labels"]["ray-tpu/slice"]
+        waited = {pools[urn].name for urn in obj.dependencies if urn in pools}
+        expected = {p.name for p in _tpu_pools(run) if _slice_of(run, p) == on}
+        assert waited == expected | {cpu.name}, obj.name
+    others = [r for r in run.resources if r.type not in RAY_TYPES and r.urn not in pools]
+    for resource in others:  # Secrets, Roles, NetworkPolicies... wait on no TPU pool
+        tpu = {urn for urn in resource.dependencies if urn in pools and urn != cpu.urn}
+        assert not tpu, resource.name
+
+
+# ---------------------------------------------------------------------------- a stockout
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=STACKS)
+def test_a_tpu_pool_that_cannot_be_created_holds_back_only_its_slice_s_ray_objects(
+    runs: dict[str, ProgramRun], stack: str
+) -> None:
+    run = runs[stack]
+    by_urn = {r.urn: r for r in run.resources}
+    pools = _tpu_pools(run)
+    assert len(pools) >= 2, "a stockout test needs a second pool that comes up"
+    for pool in pools:
+        lost = held_back(run.resources, [pool.name])
+        on = _slice_of(run, pool)
+        expected = {pool.urn} | {
+            r.urn for r in _ray_objects(run) if r.props["metadata"]["labels"]["ray-tpu/slice"] == on
+        }
+        assert lost == expected, sorted(by_urn[u].name for u in lost ^ expected)
+        landed = [r for r in run.resources if r.custom and r.urn not in lost]
+        assert {r.type for r in landed} >= {NODE_POOL, PROVIDER, "kubernetes:core/v1:Namespace"}
+
+
+def test_a_failed_cpu_pool_holds_back_the_ray_objects_but_not_the_tpu_pools(
+    runs: dict[str, ProgramRun],
+) -> None:
+    run = runs["prod"]
+    lost = held_back(run.resources, ["cpu-pool"])
+    names = {r.name for r in run.resources if r.urn in lost}
+    assert {r.urn for r in _ray_objects(run)} <= lost
+    assert not {p.urn for p in _tpu_pools(run)} & lost
+    assert "k8s" not in names  # the provider and the namespaces land
+
+
+def test_held_back_can_fail(runs: dict[str, ProgramRun]) -> None:
+    """The closure follows dependencies: a resource every Ray object waits on takes them all."""
+    run = runs["dev"]
+    (namespace,) = run.of_type("kubernetes:core/v1:Namespace")
+    lost = held_back(run.resources, [namespace.name])
+    assert {r.urn for r in _ray_objects(run)} <= lost
+    assert held_back(run.resources, ["no-such-resource"]) == set()
+
+
+# ---------------------------------------------------------------------------- deploys and jobs
+
+
+def _tagged(raw: dict[str, Any], tag: str) -> dict[str, Any]:
+    return {**copy.deepcopy(raw), "ray-tpu:imageTag": tag}
+
+
+def test_an_image_bump_leaves_every_ray_job_in_place(runs: dict[str, ProgramRun]) -> None:
+    raw = _with_job(_raw("dev"), args=["--steps", "200"])
+    before, after = _run(_tagged(raw, "0123456789ab")), _run(_tagged(raw, "ba9876543210"))
+    steps = plan(before.resources, after.resources)
+    by_urn = {r.urn: r for r in after.resources}
+    jobs = [u for u in steps if by_urn[u].type == "kubernetes:ray.io/v1:RayJob"]
+    assert jobs and all(steps[u] == "same" for u in jobs), steps
+    # The image did change everywhere else: the long-lived objects are updated in place.
+    updated = {by_urn[u].type for u, s in steps.items() if s == "update"}
+    assert updated == {"kubernetes:ray.io/v1:RayCluster", "kubernetes:ray.io/v1:RayService"}
+    assert "replace" not in steps.values() and "delete" not in steps.values()
+
+
+def test_a_changed_job_is_a_new_run_and_the_old_one_is_left_to_finish() -> None:
+    raw = _with_job(_raw("dev"), args=["--steps", "200"])
+    changed = _with_job(_raw("dev"), args=["--steps", "400"])
+    before, after = _run(raw), _run(changed)
+    steps = plan(before.resources, after.resources)
+    (old,) = [r for r in before.resources if r.type == "kubernetes:ray.io/v1:RayJob"]
+    (new,) = [r for r in after.resources if r.type == "kubernetes:ray.io/v1:RayJob"]
+    assert steps[new.urn] == "replace"
+    assert old.props["metadata"]["name"] != new.props["metadata"]["name"]
+    assert old.retain_on_delete  # the replaced RayJob stays in the cluster and finishes
+    others = {u: s for u, s in steps.items() if u != new.urn}
+    assert set(others.values()) == {"same"}, others
+
+
+def test_the_plan_sees_renames_and_removals() -> None:
+    """The diff model can fail: dropping a job forgets it, dropping a slice deletes its pool."""
+    raw = _with_job(_raw("dev"), args=["--steps", "200"])
+    before = _run(raw)
+    steps = plan(before.resources, _run(_raw("dev")).resources)
+    (job,) = [r for r in before.resources if r.type == "kubernetes:ray.io/v1:RayJob"]
+    assert steps[job.urn] == "forget"
+    (pool,) = [p for p in before.of_type(NODE_POOL) if p.name == "slice-train-1"]
+    assert steps[pool.urn] == "delete"
