@@ -85,7 +85,7 @@ def run(args: argparse.Namespace, job: list[str], raw: bool) -> int:
     manifest = ray_job_object(stack, config, stack_name=args.stack)
     print(yaml.safe_dump(manifest, sort_keys=False), end="")
     print(
-        f"RayJob {config.name} for queue {team.name} (namespace {team.namespace}, priority "
+        f"RayJob {manifest['metadata']['name']} for queue {team.name} (namespace {team.namespace}, priority "
         f"{config.priority or team.priority}); create it with: raytpu submit ... | kubectl "
         "create -f -",
         file=sys.stderr,
