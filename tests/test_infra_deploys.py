@@ -12,6 +12,7 @@ import pytest
 import yaml
 from preview_diff import plan
 
+from infra.config.schema import ConfigError
 from infra.config.stack import load_stack, parse_config
 from infra.offline import DeclaredResource, ProgramRun, held_back, run_program_detailed
 
@@ -174,3 +175,92 @@ def test_the_plan_sees_renames_and_removals() -> None:
     assert steps[job.urn] == "forget"
     (pool,) = [p for p in before.of_type(NODE_POOL) if p.name == "slice-train-1"]
     assert steps[pool.urn] == "delete"
+
+
+# ---------------------------------------------------------------------------- maintenance
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"], ids=["dev", "prod"])
+def test_no_node_pool_is_upgraded_under_a_job_by_default(
+    runs: dict[str, ProgramRun], stack: str
+) -> None:
+    (cluster,) = runs[stack].of_type("gcp:container/cluster:Cluster")
+    policy = cluster.props["maintenancePolicy"]
+    assert policy["recurringWindow"] == {
+        "startTime": "2026-01-03T00:00:00Z",
+        "endTime": "2026-01-03T08:00:00Z",
+        "recurrence": "FREQ=WEEKLY;BYDAY=SA,SU",
+    }
+    (exclusion,) = policy["maintenanceExclusions"]
+    assert exclusion["exclusionOptions"] == {
+        "scope": "NO_MINOR_OR_NODE_UPGRADES",
+        "endTimeBehavior": "UNTIL_END_OF_SUPPORT",
+    }
+    assert "endTime" not in exclusion
+
+
+def _maintained(maintenance: Any) -> dict[str, Any]:
+    raw = _raw("dev")
+    raw["ray-tpu:cluster"]["maintenance"] = maintenance
+    return raw
+
+
+def test_a_stack_s_own_window_and_exclusions_reach_the_cluster() -> None:
+    window = {"start": "2027-01-04T22:00:00Z", "end": "2027-01-05T04:00:00Z"}
+    freeze = {"name": "launch", "scope": "NO_UPGRADES"}
+    freeze |= {"start": "2027-02-01T00:00:00Z", "end": "2027-02-20T00:00:00Z"}
+    run = _run(
+        _maintained({"window": {**window, "recurrence": "FREQ=DAILY"}, "exclusions": [freeze]})
+    )
+    (cluster,) = run.of_type("gcp:container/cluster:Cluster")
+    policy = cluster.props["maintenancePolicy"]
+    assert policy["recurringWindow"]["recurrence"] == "FREQ=DAILY"
+    assert policy["maintenanceExclusions"] == [
+        {
+            "exclusionName": "launch",
+            "startTime": "2027-02-01T00:00:00Z",
+            "endTime": "2027-02-20T00:00:00Z",
+            "exclusionOptions": {"scope": "NO_UPGRADES"},
+        }
+    ]
+    (cluster,) = _run(_maintained({"exclusions": []})).of_type("gcp:container/cluster:Cluster")
+    assert "maintenanceExclusions" not in cluster.props["maintenancePolicy"]  # GKE's choice
+
+
+M = "ray-tpu:cluster.maintenance"
+W = {
+    "start": "2027-01-02T00:00:00Z",
+    "end": "2027-01-02T08:00:00Z",
+    "recurrence": "FREQ=WEEKLY;BYDAY=SA,SU",
+}
+X = {
+    "name": "x",
+    "start": "2027-01-01T00:00:00Z",
+    "end": "2027-01-10T00:00:00Z",
+    "scope": "NO_UPGRADES",
+}
+BAD_MAINTENANCE = [
+    ("not-utc", {"window": {**W, "start": "2027-01-02 00:00"}}, f"{M}.window.start: '2027-01-02 00:00' is not valid; valid: an RFC 3339 UTC time"),
+    ("short-window", {"window": {**W, "end": "2027-01-02T03:00:00Z"}}, f"{M}.window.end: '2027-01-02T03:00:00Z' is not valid; valid: 4 to 24 hours after start"),
+    ("too-little-window", {"window": {**W, "end": "2027-01-02T05:00:00Z", "recurrence": "FREQ=WEEKLY;BYDAY=SA,SU"}}, f"{M}.window.recurrence: 'FREQ=WEEKLY;BYDAY=SA,SU' is not valid; valid: one giving at least 48 hours of window in 32 days (this gives 46)"),
+    ("bad-recurrence", {"window": {**W, "recurrence": "FREQ=MONTHLY"}}, f"{M}.window.recurrence: 'FREQ=MONTHLY' is not valid; valid: FREQ=DAILY or FREQ=WEEKLY;BYDAY=<days>"),
+    ("bad-scope", {"exclusions": [{**X, "scope": "NO_PATCHES"}]}, f"{M}.exclusions[0].scope: 'NO_PATCHES' is not valid; valid: NO_UPGRADES, NO_MINOR_UPGRADES, NO_MINOR_OR_NODE_UPGRADES"),
+    ("freeze-too-long", {"exclusions": [{**X, "end": "2027-03-01T00:00:00Z"}]}, f"{M}.exclusions[0].end: '2027-03-01T00:00:00Z' is not valid; valid: at most 30 days after start"),
+    ("end-before-start", {"exclusions": [{**X, "end": "2026-12-01T00:00:00Z"}]}, f"{M}.exclusions[0].end: '2026-12-01T00:00:00Z' is not valid; valid: a time after start (2027-01-01T00:00:00Z)"),
+    ("no-end", {"exclusions": [{k: v for k, v in X.items() if k != "end"}]}, f"{M}.exclusions[0].end: is required; valid: an RFC 3339 UTC time"),
+    ("until-eos-no-upgrades", {"exclusions": [{**{k: v for k, v in X.items() if k != "end"}, "untilEndOfSupport": True}]}, f"{M}.exclusions[0].scope: 'NO_UPGRADES' is not valid; valid: NO_MINOR_UPGRADES, NO_MINOR_OR_NODE_UPGRADES"),
+    ("until-eos-with-end", {"exclusions": [{**X, "scope": "NO_MINOR_UPGRADES", "untilEndOfSupport": True}]}, f"{M}.exclusions[0].end: '2027-01-10T00:00:00Z' is not valid; valid: absent with untilEndOfSupport: true"),
+    ("duplicate-names", {"exclusions": [X, X]}, f"{M}.exclusions: 'x' is not valid; valid: exclusion names that differ"),
+    ("unknown-key", {"windows": W}, f"{M}.windows: 'windows' is not valid; valid: window, exclusions"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("maintenance", "message"),
+    [b[1:] for b in BAD_MAINTENANCE],
+    ids=[b[0] for b in BAD_MAINTENANCE],
+)
+def test_a_bad_maintenance_policy_is_a_clear_error(maintenance: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config(_maintained(maintenance))
+    assert message in str(error.value)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.config.schema import ClusterConfig
+from infra.config.schema import ClusterConfig, MaintenanceConfig
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,7 @@ class GkeCluster(pulumi.ComponentResource):
                     enabled=False
                 ),
             ),
+            maintenance_policy=_maintenance_policy(cfg.maintenance),
             resource_labels={"managed-by": "pulumi", "part-of": "ray-tpu"},
             opts=pulumi.ResourceOptions(parent=self),
         )
@@ -111,3 +112,30 @@ class GkeCluster(pulumi.ComponentResource):
                 "caCertificate": self.ca_certificate,
             }
         )
+
+
+def _maintenance_policy(
+    policy: MaintenanceConfig | None,
+) -> gcp.container.ClusterMaintenancePolicyArgs | None:
+    """The stack's window and exclusions (infra/config/maintenance.py has the defaults)."""
+    if policy is None:
+        return None
+    window = policy.window
+    return gcp.container.ClusterMaintenancePolicyArgs(
+        recurring_window=gcp.container.ClusterMaintenancePolicyRecurringWindowArgs(
+            start_time=window.start, end_time=window.end, recurrence=window.recurrence
+        ),
+        maintenance_exclusions=[
+            gcp.container.ClusterMaintenancePolicyMaintenanceExclusionArgs(
+                exclusion_name=e.name,
+                start_time=e.start,
+                end_time=e.end,
+                exclusion_options=gcp.container.ClusterMaintenancePolicyMaintenanceExclusionExclusionOptionsArgs(
+                    scope=e.scope,
+                    end_time_behavior="UNTIL_END_OF_SUPPORT" if e.end is None else None,
+                ),
+            )
+            for e in policy.exclusions
+        ]
+        or None,
+    )

@@ -14,6 +14,7 @@ from infra.config.gcp_rules import (
     gke_version_ok,
     zone_region,
 )
+from infra.config.maintenance import parse_maintenance
 from infra.config.reader import Problems, Section, int_range, list_of, name_check, name_valid
 from infra.config.schema import (
     NAMESPACE,
@@ -41,6 +42,7 @@ def parse_cluster(
         "nodeServiceAccount",
         "cloudNat",
         "cpuPool",
+        "maintenance",
     )
     s = Section(problems, f"{NAMESPACE}:cluster", raw if raw is not None else {}, keys)
     name = s.get("name", str, valid=name_valid(40), check=name_check(40))
@@ -115,7 +117,9 @@ def parse_cluster(
         check=lambda v: "@" in v,
     )
     pool = parse_cpu_pool(problems, s.sub("cpuPool"), s.raw.get("cpuPool", {}), region, slice_zones)
-    if None in (name, location, channel, version, private, cidr, protection, cloud_nat, pool):
+    maintenance = parse_maintenance(problems, s.sub("maintenance"), s.raw.get("maintenance"))
+    required = (name, location, channel, version, private, cidr, protection, cloud_nat, pool)
+    if None in required or maintenance is None:
         return None
     return ClusterConfig(
         name=name,
@@ -131,6 +135,7 @@ def parse_cluster(
         node_service_account=account,
         cloud_nat=cloud_nat,
         cpu_pool=pool,
+        maintenance=maintenance,
     )
 
 

@@ -52,6 +52,37 @@ class AuthorizedNetwork:
 
 
 @dataclass(frozen=True)
+class MaintenanceWindow:
+    """When GKE may upgrade the cluster: a recurring window (``recurring_window``)."""
+
+    start: str
+    """RFC 3339 UTC, e.g. ``2026-01-03T00:00:00Z``: the first window's start."""
+    end: str
+    recurrence: str
+    """An RFC 5545 RRULE: ``FREQ=DAILY`` or ``FREQ=WEEKLY;BYDAY=SA,SU``."""
+
+
+@dataclass(frozen=True)
+class MaintenanceExclusion:
+    """A span in which GKE does not upgrade what ``scope`` names (``maintenance_exclusions``)."""
+
+    name: str
+    start: str
+    end: str | None
+    """``None``: until the end of support of the cluster's minor version."""
+    scope: str
+    """``NO_UPGRADES``, ``NO_MINOR_UPGRADES`` or ``NO_MINOR_OR_NODE_UPGRADES``."""
+
+
+@dataclass(frozen=True)
+class MaintenanceConfig:
+    """The cluster's maintenance policy: one recurring window and its exclusions."""
+
+    window: MaintenanceWindow
+    exclusions: tuple[MaintenanceExclusion, ...]
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     """The GKE cluster."""
 
@@ -70,6 +101,8 @@ class ClusterConfig:
     cloud_nat: bool
     """A Cloud Router + NAT so private nodes can pull public images (default: privateNodes)."""
     cpu_pool: CpuPoolConfig
+    maintenance: MaintenanceConfig | None = None
+    """``None`` only for configs built by hand; the parser always sets it."""
 
 
 @dataclass(frozen=True)
