@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,11 +140,27 @@ def _spec_schema(crds: CrdSet, kind: str, directory: str) -> dict[str, Any]:
     versions = [v for v in crd["spec"]["versions"] if v["name"] == crds.version]
     if not versions:
         raise CrdsMissingError(f"{path} has no {crds.version} version")
-    schema = versions[0]["schema"]["openAPIV3Schema"]
+    schema = _python_patterns(versions[0]["schema"]["openAPIV3Schema"])
     if kind in crds.body_kinds:
         properties = {k: v for k, v in schema["properties"].items() if k not in _OBJECT_KEYS}
         return {**schema, "properties": properties}
     return schema["properties"]["spec"]
+
+
+_GO_LEADING_FLAGS = re.compile(r"^\^\(\?([a-zA-Z]+)\)")
+
+
+def _python_patterns(schema: Any) -> Any:
+    """``schema`` with its ``pattern``s in Python's dialect: the API server's Go regexps may
+    set flags after ``^`` (Kueue's AdmissionCheck: ``^(?i)[a-z]...``), Python's only first."""
+    if isinstance(schema, list):
+        return [_python_patterns(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    found = {key: _python_patterns(value) for key, value in schema.items()}
+    if isinstance(found.get("pattern"), str):
+        found["pattern"] = _GO_LEADING_FLAGS.sub(r"(?\1)^", found["pattern"])
+    return found
 
 
 @functools.cache

@@ -41,6 +41,8 @@ KUEUE = CrdSet(
         "LocalQueue": "localqueues",
         "Cohort": "cohorts",
         "WorkloadPriorityClass": "workloadpriorityclasses",
+        "ProvisioningRequestConfig": "provisioningrequestconfigs",
+        "AdmissionCheck": "admissionchecks",
     },
     pin=pin("kueue"),
     body_kinds=frozenset({"WorkloadPriorityClass"}),
@@ -50,10 +52,11 @@ API_VERSION = KUEUE.api_version
 validate_object = KUEUE.validate_object
 
 
-def flavor_name(shape: SliceShape, *, spot: bool) -> str:
-    """The ResourceFlavor of ``shape``: ``v6e-4x4-4t``, ``v6e-2x4-8t-spot``."""
+def flavor_name(shape: SliceShape, *, spot: bool, queued: bool = False) -> str:
+    """The ResourceFlavor of ``shape``: ``v6e-4x4-4t``, ``v6e-2x4-8t-spot``,
+    ``v6e-4x4-4t-queued`` (queued provisioning: its own pools, its own admission check)."""
     name = f"{shape.generation.name}-{shape.topology}-{shape.chips_per_host}t"
-    return f"{name}-spot" if spot else name
+    return f"{name}-spot" if spot else f"{name}-queued" if queued else name
 
 
 __all__ = [

@@ -4,6 +4,7 @@ and each one failing on a broken stack with a message that names the team, the s
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,9 @@ def _find(resources: list[Any], kind: str, name: str) -> dict[str, Any]:
     (found,) = [
         r.props
         for r in resources
-        if r.type.endswith(f":{kind}") and r.props.get("metadata", {}).get("name") == name
+        if r.type.endswith(f":{kind}")
+        # A RayJob's object name carries a digest of what it runs: <name>-<6 hex>.
+        and re.fullmatch(rf"{name}(-[0-9a-f]{{6}})?", r.props.get("metadata", {}).get("name", ""))
     ]
     return found
 
@@ -90,7 +93,8 @@ BROKEN: dict[str, tuple[Callable[[list[Any]], None], str, list[str]]] = {
         _drop_queue_label,
         "kueue-queue-label",
         [
-            "RayJob/nightly (namespace batch, team batch, v6e 4x4)",
+            "RayJob/nightly-",
+            "(namespace batch, team batch, v6e 4x4)",
             "has no kueue.x-k8s.io/queue-name",
             "add the label kueue.x-k8s.io/queue-name: batch",
         ],
@@ -127,7 +131,8 @@ BROKEN: dict[str, tuple[Callable[[list[Any]], None], str, list[str]]] = {
         _unknown_priority,
         "kueue-priority-class",
         [
-            "RayJob/paper-run (team research, v6e 4x4)",
+            "RayJob/paper-run-",
+            "(team research, v6e 4x4)",
             "'urgent' names no WorkloadPriorityClass (declared: high, low, normal)",
             "declare 'urgent' in ray-tpu:priorityClasses",
         ],

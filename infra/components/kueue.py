@@ -61,10 +61,23 @@ class Kueue(pulumi.ComponentResource):
         manifests = kueue_spec.manifests(args.stack)
         by_kind: dict[str, list[pulumi.Resource]] = {}
         names: dict[str, list[str]] = {}
-        for kind in ("ResourceFlavor", "WorkloadPriorityClass", "ClusterQueue", "LocalQueue"):
-            # ClusterQueues name flavors; LocalQueues name ClusterQueues and live in namespaces.
+        kinds = (
+            "ResourceFlavor",
+            "WorkloadPriorityClass",
+            "ProvisioningRequestConfig",
+            "AdmissionCheck",
+            "ClusterQueue",
+            "LocalQueue",
+        )
+        for kind in kinds:
+            # ClusterQueues name flavors and admission checks (which name their configs);
+            # LocalQueues name ClusterQueues and live in namespaces.
             extra = {
-                "ClusterQueue": by_kind.get("ResourceFlavor", []),
+                "AdmissionCheck": by_kind.get("ProvisioningRequestConfig", []),
+                "ClusterQueue": [
+                    *by_kind.get("ResourceFlavor", []),
+                    *by_kind.get("AdmissionCheck", []),
+                ],
                 "LocalQueue": [*by_kind.get("ClusterQueue", []), *args.depends_on],
             }.get(kind, [])
             options = pulumi.ResourceOptions.merge(

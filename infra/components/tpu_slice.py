@@ -65,7 +65,7 @@ def node_count_args(cfg: SliceConfig) -> dict[str, Any]:
     if not cfg.scale_to_zero:
         return {"node_count": hosts}
     return {
-        "initial_node_count": 0 if cfg.provisioning == "flex-start" else hosts,
+        "initial_node_count": 0 if cfg.flex_start else hosts,
         "autoscaling": gcp.container.NodePoolAutoscalingArgs(
             min_node_count=0, max_node_count=hosts
         ),
@@ -121,8 +121,15 @@ class TpuSlice(pulumi.ComponentResource):
                 node_locations=[cfg.zone],
                 **node_count_args(cfg),
                 placement_policy=placement,
+                # GKE refuses auto-repair on a queued-provisioning pool: its nodes live as long
+                # as the ProvisioningRequest that brought them.
                 management=gcp.container.NodePoolManagementArgs(
-                    auto_repair=True, auto_upgrade=True
+                    auto_repair=not cfg.queued, auto_upgrade=True
+                ),
+                queued_provisioning=(
+                    gcp.container.NodePoolQueuedProvisioningArgs(enabled=True)
+                    if cfg.queued
+                    else None
                 ),
                 node_config=self._node_config(args, index),
                 opts=pulumi.ResourceOptions(
@@ -145,14 +152,14 @@ class TpuSlice(pulumi.ComponentResource):
                 key=RESERVATION_KEY,
                 values=[cfg.reservation],
             )
-        elif cfg.provisioning == "flex-start":
+        elif cfg.flex_start:
             reservation = gcp.container.NodePoolNodeConfigReservationAffinityArgs(
                 consume_reservation_type="NO_RESERVATION"
             )
         return gcp.container.NodePoolNodeConfigArgs(
             machine_type=cfg.shape.machine_type,
             spot=True if cfg.provisioning == "spot" else None,
-            flex_start=True if cfg.provisioning == "flex-start" else None,
+            flex_start=True if cfg.flex_start else None,
             reservation_affinity=reservation,
             oauth_scopes=[GCP_SCOPE],
             service_account=args.service_account,

@@ -75,7 +75,7 @@ def check_gke_versions(
     if cluster is None:
         return
     version = cluster.min_master_version
-    flex = [s.name for s in slices if s.provisioning == "flex-start"]
+    flex = [s.name for s in slices if s.flex_start]
     if flex and not gke_version_ok(version, FLEX_START_TPU_GKE_VERSION):
         problems.bad(
             f"{NAMESPACE}:cluster.minMasterVersion",

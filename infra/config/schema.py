@@ -14,7 +14,10 @@ from raytpu.errors import invalid
 
 NAMESPACE = "ray-tpu"
 """Pulumi config namespace of this project (the project name in ``Pulumi.yaml``)."""
-PROVISIONING = ("on-demand", "spot", "reservation", "flex-start")
+PROVISIONING = ("on-demand", "spot", "reservation", "flex-start", "queued")
+FLEX_START = ("flex-start", "queued")
+"""Provisioning through Dynamic Workload Scheduler (flex-start VMs); ``queued``: a Kueue
+ProvisioningRequest obtains the whole slice at once (queued provisioning)."""
 RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE", "EXTENDED")
 MAX_SLICE_COUNT = 64
 
@@ -119,6 +122,16 @@ class SliceConfig:
     """Reservation name (or ``projects/P/reservations/R``) when provisioning is ``reservation``."""
     scale_to_zero: bool = False
     """Whole-slice autoscaling between 0 and ``hosts`` nodes (else fixed at ``hosts``)."""
+
+    @property
+    def flex_start(self) -> bool:
+        """Its VMs come from Dynamic Workload Scheduler (``flex-start`` or ``queued``)."""
+        return self.provisioning in FLEX_START
+
+    @property
+    def queued(self) -> bool:
+        """Queued provisioning: the pool grows only through a Kueue ProvisioningRequest."""
+        return self.provisioning == "queued"
 
     def node_pool_names(self) -> tuple[str, ...]:
         """One GKE node pool per slice: ``<name>-0``, ``<name>-1``, ..."""

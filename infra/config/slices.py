@@ -6,7 +6,7 @@ from typing import Any
 
 from infra.config.gcp_rules import RESERVATION_RE, SLICE_NAME_MAX, check_zone
 from infra.config.reader import Problems, Section, int_range, name_check, name_valid
-from infra.config.schema import MAX_SLICE_COUNT, NAMESPACE, PROVISIONING, SliceConfig
+from infra.config.schema import FLEX_START, MAX_SLICE_COUNT, NAMESPACE, PROVISIONING, SliceConfig
 from raytpu import catalog, generations
 
 
@@ -62,7 +62,8 @@ def parse_slice(problems: Problems, index: int, raw: Any, region: str | None) ->
         valid="a reservation name or projects/PROJECT/reservations/NAME",
         check=lambda v: bool(RESERVATION_RE.match(v)),
     )
-    scale_to_zero = s.get("scaleToZero", bool, provisioning == "flex-start", valid="true or false")
+    flex = provisioning in FLEX_START
+    scale_to_zero = s.get("scaleToZero", bool, flex, valid="true or false")
     if provisioning == "reservation" and reservation is None and "reservation" not in s.raw:
         problems.bad(
             f"{path}.reservation",
@@ -77,19 +78,19 @@ def parse_slice(problems: Problems, index: int, raw: Any, region: str | None) ->
             "reservation",
             f"reservation {reservation!r} is set",
         )
-    if provisioning == "flex-start" and shape is not None and not shape.generation.flex_start:
+    if flex and shape is not None and not shape.generation.flex_start:
         problems.bad(
             f"{path}.provisioning",
             provisioning,
-            ", ".join(p for p in PROVISIONING if p != "flex-start"),
+            ", ".join(p for p in PROVISIONING if p not in FLEX_START),
             f"GKE does not offer flex-start for {shape.generation.name} TPUs",
         )
-    if provisioning == "flex-start" and scale_to_zero is False:
+    if flex and scale_to_zero is False:
         problems.bad(
             f"{path}.scaleToZero",
             False,
             "true",
-            "flex-start pools start empty and scale whole slices up on demand",
+            f"{provisioning} pools start empty and scale whole slices up on demand",
         )
     if None in (name, shape, zone, count, provisioning, scale_to_zero):
         return None

@@ -38,10 +38,12 @@ class TeamQuota:
     """Slices it may borrow from its cohort beyond ``slices`` (None: no limit)."""
     lending_limit: int | None = None
     """Slices of its own it may lend to the cohort (None: all of them)."""
+    queued: bool = False
+    """The slice is provisioned ``queued``: its own flavor, admitted through a ProvisioningRequest."""
 
     @property
     def flavor(self) -> str:
-        return flavor_name(self.shape, spot=self.spot)
+        return flavor_name(self.shape, spot=self.spot, queued=self.queued)
 
     @property
     def chips_per_slice(self) -> int:

@@ -95,7 +95,7 @@ def _parse_quota(
     if known is None or count is None or len(problems.errors) > before:
         return None
     spot = known.provisioning == "spot"
-    return TeamQuota(name, known.shape, spot, count, borrowing, lending)
+    return TeamQuota(name, known.shape, spot, count, borrowing, lending, queued=known.queued)
 
 
 def _parse_team(
@@ -226,6 +226,15 @@ def check_team_objects(
         if team is None:
             if obj.priority is not None:
                 problems.bad(f"{path}.team", None, team_names, "a priority needs a team's queue")
+            queued = slices.get(obj.slice)
+            if queued is not None and queued.queued:
+                problems.bad(
+                    f"{path}.team",
+                    None,
+                    team_names,
+                    f"slice {obj.slice!r} is provisioned queued: its pools grow only through "
+                    "the ProvisioningRequest of a team's Kueue queue",
+                )
             continue
         if obj.min_replicas != obj.max_replicas:
             problems.bad(
@@ -238,7 +247,9 @@ def check_team_objects(
         known = slices.get(obj.slice)
         flavors = [q.flavor for q in team.quotas]
         if known is not None:
-            quota = TeamQuota(obj.slice, known.shape, known.provisioning == "spot", 0)
+            quota = TeamQuota(
+                obj.slice, known.shape, known.provisioning == "spot", 0, queued=known.queued
+            )
             if quota.flavor not in flavors:
                 problems.bad(
                     f"{path}.slice",

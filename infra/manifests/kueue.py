@@ -34,6 +34,11 @@ DEFAULT_FLAVOR = "ray-tpu-default"
 UNGOVERNED = (("cpu", "100k"), ("memory", "1Pi"))
 """CPU and memory quotas far above any cluster: Kueue must list them, we do not govern them."""
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
+QUEUED_CHECK = "raytpu-queued-provisioning"
+QUEUED_PROVISIONING_CLASS = "queued-provisioning.gke.io"
+"""GKE's ProvisioningRequest class of queued provisioning (Dynamic Workload Scheduler)."""
+PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
+"""Kueue's admission check controller that creates ProvisioningRequests."""
 Manifest = dict[str, Any]
 
 
@@ -66,7 +71,7 @@ def flavors(stack: StackConfig) -> dict[str, Flavor]:
     """Every TPU flavor of the stack's slices, by name, with the slices its pools hold."""
     found: dict[str, Flavor] = {}
     for s in stack.slices:
-        quota = TeamQuota(s.name, s.shape, s.provisioning == "spot", 0)
+        quota = TeamQuota(s.name, s.shape, s.provisioning == "spot", 0, queued=s.queued)
         known = found.get(quota.flavor)
         if known is None:
             found[quota.flavor] = Flavor(quota.flavor, quota, s.count, (s.name,))
@@ -141,7 +146,45 @@ def cluster_queue(stack: StackConfig, team: TeamConfig) -> Manifest:
     }
     if team.cohort is not None:
         spec["cohortName"] = team.cohort
+    if queued_flavors(team):
+        spec["admissionChecksStrategy"] = {
+            "admissionChecks": [{"name": QUEUED_CHECK, "onFlavors": queued_flavors(team)}]
+        }
     return _object("ClusterQueue", team.name, spec=spec)
+
+
+def queued_flavors(team: TeamConfig) -> list[str]:
+    """The team's flavors on ``queued`` slices: admitted only once GKE provisions the slice."""
+    return list(dict.fromkeys(q.flavor for q in team.quotas if q.queued))
+
+
+def queued_provisioning(stack: StackConfig) -> list[Manifest]:
+    """The ProvisioningRequestConfig and AdmissionCheck of queued provisioning, when a team
+    has a quota on a ``queued`` slice: Kueue asks GKE (Dynamic Workload Scheduler) for the
+    workload's whole slices in one ProvisioningRequest and admits it once they are there."""
+    if not any(queued_flavors(team) for team in stack.teams):
+        return []
+    config = _object(
+        "ProvisioningRequestConfig",
+        QUEUED_CHECK,
+        spec={
+            "provisioningClassName": QUEUED_PROVISIONING_CLASS,
+            "managedResources": [TPU_RESOURCE],
+        },
+    )
+    check = _object(
+        "AdmissionCheck",
+        QUEUED_CHECK,
+        spec={
+            "controllerName": PROVISIONING_CONTROLLER,
+            "parameters": {
+                "apiGroup": kueue.API_VERSION.split("/")[0],
+                "kind": "ProvisioningRequestConfig",
+                "name": QUEUED_CHECK,
+            },
+        },
+    )
+    return [config, check]
 
 
 def local_queues(stack: StackConfig, team: TeamConfig) -> list[Manifest]:
@@ -171,7 +214,7 @@ def manifests(stack: StackConfig) -> list[Manifest]:
     them against the Kueue CRDs (``raytpu preview``, ``raytpu check``)."""
     if not stack.teams:
         return []
-    found = [*resource_flavors(stack), *priority_classes(stack)]
+    found = [*resource_flavors(stack), *priority_classes(stack), *queued_provisioning(stack)]
     for team in stack.teams:
         found += [cluster_queue(stack, team), *local_queues(stack, team)]
     return found
