@@ -30,6 +30,7 @@ emulator, :mod:`workloads.sim.gcs_emulator`, stands in for the stack's bucket).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -145,6 +146,15 @@ def host_specs(slices: Iterable[SliceLike]) -> list[SimulatedHost]:
     return hosts
 
 
+def _as_worker_zero(host: SimulatedHost) -> SimulatedHost:
+    """``host`` with worker id 0 in its environment and labels (what a faulty webhook injects)."""
+    return dataclasses.replace(
+        host,
+        env={**host.env, "TPU_WORKER_ID": "0"},
+        labels={**host.labels, LABEL_WORKER_ID: "0"},
+    )
+
+
 class LocalSliceCluster:
     """A Ray head plus one worker node per simulated TPU host; a context manager.
 
@@ -165,19 +175,27 @@ class LocalSliceCluster:
         missing_hosts: Collection[tuple[str, int]] = (),
         env: Mapping[str, str] | None = None,
         replace_preempted: bool = True,
+        duplicate_worker_ids: Collection[tuple[str, int]] = (),
     ) -> None:
         """``missing_hosts``: ``(slice name, worker id)`` pairs left out, to simulate a slice
         that lost a host (e.g. ``("broken-0", 1)``). ``env``: extra environment of every node
         (the head and each host), e.g. the GCS emulator's
         (:attr:`workloads.sim.gcs_emulator.GcsEmulator.env`), as a pod spec's ``env`` would.
-        ``replace_preempted``: play GKE's part in a preemption (:class:`workloads.sim.node_pool.NodePool`)."""
+        ``replace_preempted``: play GKE's part in a preemption (:class:`workloads.sim.node_pool.NodePool`).
+        ``duplicate_worker_ids``: ``(slice name, worker id)`` hosts that advertise worker id 0
+        as well, the TPU webhook's known fault (a slice on which JAX start-up hangs)."""
         every = host_specs(slices)
         known = {(h.slice_name, h.worker_id) for h in every}
         missing = {(str(name), int(worker)) for name, worker in missing_hosts}
-        for pair in sorted(missing - known):
-            raise LocalClusterError(
-                invalid("missing_hosts", pair, (f"({s!r}, {w})" for s, w in sorted(known)))
-            )
+        duplicated = {(str(name), int(worker)) for name, worker in duplicate_worker_ids}
+        for field_name, pairs in (("missing_hosts", missing), ("duplicate_worker_ids", duplicated)):
+            for pair in sorted(pairs - known):
+                raise LocalClusterError(
+                    invalid(field_name, pair, (f"({s!r}, {w})" for s, w in sorted(known)))
+                )
+        every = [
+            _as_worker_zero(h) if (h.slice_name, h.worker_id) in duplicated else h for h in every
+        ]
         self.hosts = [h for h in every if (h.slice_name, h.worker_id) not in missing]
         self.slices = tuple(slices)
         self._head_cpus = head_cpus

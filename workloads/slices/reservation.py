@@ -180,6 +180,29 @@ def _hosts_of(pg: Any, num_bundles: int) -> tuple[ReservedHost, ...]:
     return tuple(hosts)
 
 
+def preflight(shape: SliceShape, hosts: Sequence[ReservedHost]) -> list[str]:
+    """What is wrong with the reserved slices, before JAX starts on them: each slice's hosts
+    (its distinct nodes) must have worker ids 0..hosts-1 once each (``TPU_WORKER_ID``, as the
+    webhook injects it). Empty when every slice is sound. (One slice name per slice: the bundles'
+    label selectors pin it.)"""
+    faults = []
+    nodes: dict[str, dict[str, int]] = {}  # slice -> node -> worker id (bundles may share a node)
+    for host in hosts:
+        nodes.setdefault(host.slice_name, {})[host.node_id] = host.worker_id
+    for name, by_node in nodes.items():
+        ids = list(by_node.values())
+        expected = list(range(shape.hosts))
+        if sorted(ids) != expected:
+            twice = sorted({i for i in ids if ids.count(i) > 1})
+            absent = sorted(set(expected) - set(ids))
+            faults.append(
+                f"slice {name}: worker ids {sorted(ids)}, valid: each of 0..{shape.hosts - 1} "
+                f"once (duplicated: {twice or 'none'}, missing: {absent or 'none'}; the TPU "
+                "webhook's known fault: recreate the slice's pods)"
+            )
+    return faults
+
+
 @contextlib.contextmanager
 def reserve_slices(
     shape: SliceShape,
@@ -319,6 +342,10 @@ def _reserve(request: _Request, held: list[Any]) -> SliceReservation:
     # claims that head and waits on bundles that never place (Ray's sharp edge, seen here as
     # a flaky "no free slice" while one slice was still free).
     hosts = _hosts_of(pg, len(selectors))
+    faults = preflight(shape, hosts)
+    if faults:
+        # Before JAX starts: on such a slice jax.distributed.initialize hangs until its timeout.
+        raise request.refused("pre-flight check: " + "; ".join(faults), errors.PARTIAL_SLICE)
     return SliceReservation(
         shape=shape,
         num_slices=request.num_slices,
