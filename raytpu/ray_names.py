@@ -9,6 +9,10 @@ workloads (label selectors, the local cluster) import them from here.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from raytpu.catalog import SliceShape
 
 LABEL_SLICE_NAME = "ray.io/tpu-slice-name"
 """Node label: the slice (``TPU_NAME``) a host belongs to."""
@@ -56,6 +60,22 @@ PRIVATE_HEAD_PORT_NAMES: dict[str, int] = {
 
 K8S_LABEL_IS_RAY_NODE = "ray.io/is-ray-node"
 """Pod label KubeRay puts on every Ray head and worker pod (value ``yes``): what scrapes select."""
+
+
+def shape_labels(shape: SliceShape) -> dict[str, str]:
+    """The labels every host of a ``shape`` slice carries whatever its slice and index: what a
+    worker group declares in ``rayStartParams`` so that Ray's autoscaler can scale it from zero
+    for a label-selected placement group (ray-project/ray#56532)."""
+    return {
+        LABEL_POD_TYPE: shape.pod_type,
+        LABEL_TOPOLOGY: shape.topology,
+        LABEL_ACCELERATOR_TYPE: shape.ray_accelerator_type,
+    }
+
+
+def ray_start_labels(labels: Mapping[str, str]) -> str:
+    """``labels`` as ``ray start --labels`` takes them in KubeRay's ``rayStartParams``."""
+    return ", ".join(f"{key}={value}" for key, value in labels.items())
 
 
 def host_key(labels: Mapping[str, str]) -> tuple[str, int] | None:

@@ -11,6 +11,8 @@ import yaml
 from infra.config.schema import WorkerResources
 from infra.manifests import kuberay
 from raytpu import catalog, crds
+from raytpu_cli.common import SliceChoice
+from workloads.sim.local_cluster import host_specs
 
 IMAGE = "rayproject/ray:2.60.0-py311"
 SHAPES = catalog.common_shapes()
@@ -40,6 +42,16 @@ def test_worker_group_for_every_catalog_shape(shape: catalog.SliceShape) -> None
     assert pod["tolerations"] == [dict(kuberay.TPU_TOLERATION)]
     ports = [p["name"] for p in pod["containers"][0].get("ports", [])]
     assert ports == (["mxla"] if shape.multi_host else [])
+    # The labels Ray's autoscaler needs to add the group from zero: exactly those every host of
+    # the shape carries whatever its slice (the simulated hosts advertise the same).
+    declared = dict(item.split("=", 1) for item in group["rayStartParams"]["labels"].split(", "))
+    assert declared == {
+        "ray.io/tpu-pod-type": shape.pod_type,
+        "ray.io/tpu-topology": shape.topology,
+        "ray.io/accelerator-type": shape.ray_accelerator_type,
+    }
+    (host, *_) = host_specs([SliceChoice("s", shape, 1)])
+    assert declared.items() <= dict(host.labels).items()
 
 
 def test_worker_groups_validate_against_the_crd() -> None:

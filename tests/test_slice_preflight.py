@@ -13,7 +13,8 @@ import pytest
 from raytpu import errors
 from raytpu.catalog import shape
 from raytpu_cli.common import SliceChoice
-from workloads.slices.reservation import ReservedHost, SliceReservationError, preflight
+from workloads.slices.preflight import preflight
+from workloads.slices.reservation import ReservedHost, SliceReservationError
 
 V6E_4X4 = shape("v6e", "4x4")  # 4 hosts x 4 chips
 

@@ -45,7 +45,7 @@ from raytpu.entrypoints import (
     slice_env,
 )
 from raytpu.errors import invalid
-from raytpu.ray_names import HEAD_PORTS
+from raytpu.ray_names import HEAD_PORTS, ray_start_labels, shape_labels
 
 __all__ = [
     "API_VERSION",
@@ -162,7 +162,9 @@ def tpu_worker_group(
         "minReplicas": low,
         "maxReplicas": high,
         "numOfHosts": shape.hosts,
-        "rayStartParams": {},
+        # What the autoscaler must know of a host that does not exist yet to add this group
+        # for a label-selected slice reservation (the slice name and worker id come per pod).
+        "rayStartParams": {"labels": ray_start_labels(shape_labels(shape))},
         "template": {
             "metadata": {
                 "labels": {

@@ -46,12 +46,10 @@ from typing import Any, Protocol
 from raytpu.catalog import SliceShape
 from raytpu.errors import invalid
 from raytpu.ray_names import (
-    LABEL_ACCELERATOR_TYPE,
-    LABEL_POD_TYPE,
     LABEL_SLICE_NAME,
-    LABEL_TOPOLOGY,
     LABEL_WORKER_ID,
     host_key,
+    shape_labels,
 )
 from workloads.sim.local_processes import (  # free_port: imported from here by many
     agent_ports,
@@ -128,9 +126,7 @@ def host_specs(slices: Iterable[SliceLike]) -> list[SimulatedHost]:
                 labels = {
                     LABEL_SLICE_NAME: slice_name,
                     LABEL_WORKER_ID: str(worker_id),
-                    LABEL_POD_TYPE: shape.pod_type,
-                    LABEL_TOPOLOGY: shape.topology,
-                    LABEL_ACCELERATOR_TYPE: shape.ray_accelerator_type,
+                    **shape_labels(shape),
                 }
                 hosts.append(
                     SimulatedHost(

@@ -32,6 +32,7 @@ from raytpu.errors import invalid
 from raytpu.ray_names import LABEL_POD_TYPE, LABEL_SLICE_NAME, LABEL_TOPOLOGY, LABEL_WORKER_ID
 from workloads import telemetry
 from workloads.slices.diagnosis import describe_missing
+from workloads.slices.preflight import preflight
 from workloads.slices.release import remove_placement_groups
 
 logger = logging.getLogger(__name__)
@@ -178,29 +179,6 @@ def _hosts_of(pg: Any, num_bundles: int) -> tuple[ReservedHost, ...]:
             )
         )
     return tuple(hosts)
-
-
-def preflight(shape: SliceShape, hosts: Sequence[ReservedHost]) -> list[str]:
-    """What is wrong with the reserved slices, before JAX starts on them: each slice's hosts
-    (its distinct nodes) must have worker ids 0..hosts-1 once each (``TPU_WORKER_ID``, as the
-    webhook injects it). Empty when every slice is sound. (One slice name per slice: the bundles'
-    label selectors pin it.)"""
-    faults = []
-    nodes: dict[str, dict[str, int]] = {}  # slice -> node -> worker id (bundles may share a node)
-    for host in hosts:
-        nodes.setdefault(host.slice_name, {})[host.node_id] = host.worker_id
-    for name, by_node in nodes.items():
-        ids = list(by_node.values())
-        expected = list(range(shape.hosts))
-        if sorted(ids) != expected:
-            twice = sorted({i for i in ids if ids.count(i) > 1})
-            absent = sorted(set(expected) - set(ids))
-            faults.append(
-                f"slice {name}: worker ids {sorted(ids)}, valid: each of 0..{shape.hosts - 1} "
-                f"once (duplicated: {twice or 'none'}, missing: {absent or 'none'}; the TPU "
-                "webhook's known fault: recreate the slice's pods)"
-            )
-    return faults
 
 
 @contextlib.contextmanager
