@@ -229,6 +229,14 @@ def test_reported_placement_is_where_the_workers_ran(trained, cluster):
     ]
     assert len(workers) == 2, [a["ActorClassName"] for a in actors().values()]
     assert {a["Address"]["NodeID"] for a in workers} == {p.node_id for p in second.placements}
+    # The reservation the run reports is the placement group its workers ran in.
+    from ray.util import placement_group_table
+
+    (group,) = second.placement_groups
+    table = placement_group_table()
+    assert group in table, sorted(table)
+    nodes = set(table[group]["bundles_to_node_id"].values())
+    assert nodes == {p.node_id for p in second.placements}, table[group]
     labels = {n["NodeID"]: n["Labels"] for n in ray.nodes()}
     for placement in second.placements:
         node = labels[placement.node_id]

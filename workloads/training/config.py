@@ -98,6 +98,12 @@ class TrainResult:
         """The slices the workers ran on (``TPU_NAME``), in rank order of first appearance."""
         return tuple(dict.fromkeys(p.slice_name for p in self.placements))
 
+    @property
+    def placement_groups(self) -> tuple[str, ...]:
+        """The placement groups the workers ran in, as they saw it: the reservation this run
+        reports is the one it used (the capacity check's is released before JaxTrainer's)."""
+        return tuple(dict.fromkeys(p.placement_group_id for p in self.placements))
+
 
 @dataclass(frozen=True)
 class WorkerPlacement:
@@ -112,6 +118,8 @@ class WorkerPlacement:
     """``TPU_WORKER_ID``: the host's index inside its slice."""
     process_index: int
     """``jax.process_index()`` of the worker."""
+    placement_group_id: str = ""
+    """Hex id of the placement group the worker runs in (JaxTrainer's slice reservation)."""
 
 
 @dataclass(frozen=True)

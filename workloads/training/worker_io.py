@@ -70,13 +70,16 @@ def my_placement() -> WorkerPlacement:
     import jax
     import ray
     import ray.train
+    from ray.util import get_current_placement_group
 
+    group = get_current_placement_group()
     return WorkerPlacement(
         rank=ray.train.get_context().get_world_rank(),
         node_id=ray.get_runtime_context().get_node_id(),
         slice_name=os.environ.get("TPU_NAME", ""),
         tpu_worker_id=int(os.environ.get("TPU_WORKER_ID", "-1")),
         process_index=jax.process_index(),
+        placement_group_id=group.id.hex() if group is not None else "",
     )
 
 
