@@ -113,22 +113,23 @@ def test_two_slices_three_requests_third_fails_within_timeout(released):
 
 
 def test_two_slices_while_one_is_held_fails_and_releases_the_head_it_claimed(released):
-    """All or nothing with concurrent heads: the request claims the free slice's head, times out
-    on the other, and releases the claimed one: the free slice is reservable right after."""
+    """All or nothing with a gang of heads: the request for two slices, one of them held, times
+    out without claiming the free one, and the free slice is reservable right after."""
     with reserve_slices(V6E_2X4_4T, timeout_s=20, name="holder") as held:
         with (
             pytest.raises(SliceReservationError) as caught,
             reserve_slices(V6E_2X4_4T, num_slices=2, timeout_s=3),
         ):
             pytest.fail("only one v6e 2x4 slice is free")
-        assert "1 of 2 head resources TPU-v6e-8-head claimed within 3 s" in str(caught.value)
-        # The reason names who holds each slice: the holder's groups, and this request's head.
+        assert "2 head resources TPU-v6e-8-head not claimed together within 3 s" in str(
+            caught.value
+        )
+        # The reason names the free slice and who holds the other: the holder's two groups.
+        assert "too few free slices: 1 of 2 complete slice(s)" in caught.value.reason
         held_by = caught.value.reason.split("(held: ")[1].split(")")[0]
         holders = dict(part.split(" by ") for part in held_by.split("; "))
         (held_name,) = held.slice_names
-        assert sorted(holders[held_name].split(", ")) == ["holder", "holder-head-0"]
-        (free_name,) = set(holders) - {held_name}
-        assert holders[free_name] == "this request"
+        assert sorted(holders[held_name].split(", ")) == ["holder", "holder-heads"]
         with reserve_slices(V6E_2X4_4T, timeout_s=5) as other:
             assert other.slice_names != held.slice_names
 

@@ -52,14 +52,20 @@ def describe_missing(shape: SliceShape, tpu_per_bundle: float, own: Sequence[Any
     if not reasons:
         complete = sorted(name for name, members in by_slice.items() if len(members) >= shape.hosts)
         holders = _holders(by_slice, {pg.id.hex() for pg in own})
-        held_by = "; ".join(
-            f"{name} by {', '.join(holders.get(name) or ['no placement group (actors, tasks)'])}"
-            for name in complete
-        )
-        reasons.append(
-            f"no free slice: all {len(complete)} complete slice(s) of this shape are in use "
-            f"(held: {held_by})"
-        )
+        busy = [name for name in complete if holders.get(name)]
+        unheld = [name for name in complete if not holders.get(name)]
+        held_by = "; ".join(f"{name} by {', '.join(holders[name])}" for name in busy)
+        if unheld:
+            reasons.append(
+                f"too few free slices: {len(unheld)} of {len(complete)} complete slice(s) held by "
+                f"no placement group ({', '.join(unheld)}: free, or used by actors and tasks)"
+                + (f" (held: {held_by})" if busy else "")
+            )
+        else:
+            reasons.append(
+                f"no free slice: all {len(complete)} complete slice(s) of this shape are in use "
+                f"(held: {held_by})"
+            )
     return Missing("; ".join(reasons), error_class)
 
 

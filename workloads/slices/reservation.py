@@ -194,12 +194,11 @@ def reserve_slices(
 ) -> Iterator[SliceReservation]:
     """Reserve ``num_slices`` whole slices of ``shape`` atomically; release them on exit.
 
-    The same two steps as :func:`ray.util.tpu.slice_placement_group`, done concurrently: one
-    head placement group per slice, all requested at once and awaited together; each slice's
-    name read from the label of the node its head bundle landed on (the placement group table
-    and the node table, no task); then one placement group with one label-pinned bundle per
-    host. Ray's own call claims heads one after another and runs a task in each new head
-    placement group to read the name (``bench.reservation`` measures both).
+    The same two steps as :func:`ray.util.tpu.slice_placement_group`, done as gangs: every
+    slice's head in one placement group (all or none), each slice's name read from the label of
+    the node its head bundle landed on (no task); then one placement group with a label-pinned
+    bundle per host. Ray's own call claims heads one after another and runs a task in each new
+    head placement group to read the name (``bench.reservation`` measures both).
 
     ``tpu_per_bundle`` defaults to the shape's chips per host (one bundle per host); a larger
     value models workers sized for bigger hosts and fails with a reason. ``only``: slice names
@@ -382,55 +381,57 @@ def _claim_heads(
     held: list[Any],
     among: dict[str, str],
 ) -> tuple[str, ...]:
-    """Claim ``num_slices`` head resources at once (on slices matching ``among``, a label
+    """Claim ``num_slices`` head resources as one gang (on slices matching ``among``, a label
     selector); return the claimed slices' names.
 
-    Appends every head placement group to ``held`` as soon as it exists, so the caller releases
-    them all (claimed or pending) on any error: all or nothing.
+    One placement group with a head bundle per slice, ``STRICT_SPREAD``: Ray places all of its
+    bundles or none, so two requests for more slices than are free never each hold some heads
+    and wait on the other until both time out; one is granted, the other waits for whole slices.
+    The group goes into ``held`` as soon as it exists, for the caller to release on any error.
     """
     import ray
     from ray.util.placement_group import placement_group
 
-    heads = []
-    for index in range(num_slices):
-        heads.append(
-            placement_group(
-                [{shape.ray_head_resource: 1.0}],
-                bundle_label_selector=[
-                    {LABEL_WORKER_ID: "0", LABEL_POD_TYPE: shape.pod_type, **among}
-                ],
-                name=f"{name}-head-{index}" if name else "",
-            )
-        )
-        held.append(heads[-1])
-    ready, _ = ray.wait([pg.ready() for pg in heads], num_returns=len(heads), timeout=timeout_s)
-    if len(ready) < len(heads):
+    heads = placement_group(
+        [{shape.ray_head_resource: 1.0} for _ in range(num_slices)],
+        strategy="STRICT_SPREAD",
+        bundle_label_selector=[
+            {LABEL_WORKER_ID: "0", LABEL_POD_TYPE: shape.pod_type, **among}
+            for _ in range(num_slices)
+        ],
+        name=f"{name}-heads" if name else "",
+    )
+    held.append(heads)
+    ready, _ = ray.wait([heads.ready()], timeout=timeout_s)
+    if not ready:
         missing = describe_missing(shape, shape.chips_per_host, held)
         raise SliceReservationError(
             shape,
             num_slices,
             time.monotonic() - began,
-            f"{missing.reason}; {len(ready)} of {num_slices} head resources "
-            f"{shape.ray_head_resource} claimed within {timeout_s:.0f} s",
+            f"{missing.reason}; {num_slices} head resources {shape.ray_head_resource} "
+            f"not claimed together within {timeout_s:.0f} s",
             missing.error_class,
         )
-    return _head_slice_names(heads)
+    return _head_slice_names(heads, num_slices)
 
 
-def _head_slice_names(heads: list[Any]) -> tuple[str, ...]:
-    """The slice name of each claimed head: its bundle's node, looked up in the node table."""
+def _head_slice_names(heads: Any, num_slices: int) -> tuple[str, ...]:
+    """The slice name of each claimed head bundle: its node, looked up in the node table."""
     import ray
     from ray.util import placement_group_table
 
     labels_by_node = {n["NodeID"]: (n.get("Labels") or {}) for n in ray.nodes()}
+    bundle_nodes = placement_group_table(heads).get("bundles_to_node_id", {})
     names = []
-    for pg in heads:
-        node_id = placement_group_table(pg).get("bundles_to_node_id", {}).get(0, "")
+    for index in range(num_slices):
+        node_id = bundle_nodes.get(index, "")
         slice_name = labels_by_node.get(node_id, {}).get(LABEL_SLICE_NAME)
         if not slice_name:
             raise RuntimeError(
-                f"head placement group {pg.id.hex()} landed on node {node_id[:12] or '?'} "
-                f"which has no {LABEL_SLICE_NAME} label; the TPU host's labels are missing"
+                f"head bundle {index} of placement group {heads.id.hex()} landed on node "
+                f"{node_id[:12] or '?'} which has no {LABEL_SLICE_NAME} label; the TPU host's "
+                "labels are missing"
             )
         names.append(slice_name)
     return tuple(names)
