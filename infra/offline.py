@@ -30,6 +30,7 @@ __all__ = [
     "run_program",
     "run_program_detailed",
     "run_stack",
+    "run_with_failures",
 ]
 
 PROJECT = "ray-tpu"
@@ -98,8 +99,22 @@ def _mock_state(type_: str, name: str, inputs: dict[str, Any]) -> dict[str, Any]
     return state
 
 
-def _run(body: Callable[[], None], *, stack: str, config: Mapping[str, str]) -> ProgramRun:
-    """Run ``body`` (which declares resources) under mocks and record everything it does."""
+STOCKOUT = (
+    "ZONE_RESOURCE_POOL_EXHAUSTED: The zone does not have enough resources available to "
+    "fulfill the request. Try a different zone, or try again later."
+)
+"""What the mock cloud answers for a resource named in ``failing``: Compute Engine's stockout."""
+
+
+def _run(
+    body: Callable[[], None],
+    *,
+    stack: str,
+    config: Mapping[str, str],
+    failing: Collection[str] = (),
+) -> ProgramRun:
+    """Run ``body`` (which declares resources) under mocks and record everything it does; the
+    creation of each custom resource named in ``failing`` fails as a stockout does."""
     import pulumi
     from pulumi.runtime import config as runtime_config
     from pulumi.runtime import mocks, rpc, settings
@@ -111,6 +126,8 @@ def _run(body: Callable[[], None], *, stack: str, config: Mapping[str, str]) -> 
 
     class Mocks(pulumi.runtime.Mocks):
         def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+            if args.name in failing:
+                raise RuntimeError(f"creating {args.typ} {args.name!r}: {STOCKOUT}")
             return f"{args.name}-id", _mock_state(args.typ, args.name, args.inputs)
 
         def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list]:
@@ -229,6 +246,16 @@ def run_program_detailed(config: StackConfig, *, stack: str = "dev") -> ProgramR
     if run.error is not None:
         raise run.error
     return run
+
+
+def run_with_failures(
+    config: StackConfig, failing: Collection[str], *, stack: str = "dev"
+) -> ProgramRun:
+    """Declare ``config`` under mocks where creating each resource named in ``failing`` fails
+    (a stockout); ``ProgramRun.error`` holds the failure, ``resources`` what was declared."""
+    from infra.program import declare
+
+    return _run(lambda: declare(config), stack=stack, config={}, failing=frozenset(failing))
 
 
 def held_back(resources: Collection[DeclaredResource], failed: Collection[str]) -> set[str]:

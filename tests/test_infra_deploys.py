@@ -14,7 +14,14 @@ from preview_diff import plan
 
 from infra.config.schema import ConfigError
 from infra.config.stack import load_stack, parse_config
-from infra.offline import DeclaredResource, ProgramRun, held_back, run_program_detailed
+from infra.offline import (
+    STOCKOUT,
+    DeclaredResource,
+    ProgramRun,
+    held_back,
+    run_program_detailed,
+    run_with_failures,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 NODE_POOL = "gcp:container/nodePool:NodePool"
@@ -110,6 +117,24 @@ def test_a_tpu_pool_that_cannot_be_created_holds_back_only_its_slice_s_ray_objec
         assert lost == expected, sorted(by_urn[u].name for u in lost ^ expected)
         landed = [r for r in run.resources if r.custom and r.urn not in lost]
         assert {r.type for r in landed} >= {NODE_POOL, PROVIDER, "kubernetes:core/v1:Namespace"}
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"], ids=["dev", "prod"])
+def test_a_pool_whose_creation_fails_under_mocks_takes_nothing_else_down_with_it(
+    runs: dict[str, ProgramRun], stack: str
+) -> None:
+    """The mock cloud refuses one TPU pool (a stockout): the program fails with that error and
+    nothing that waits on the pool is created; what does not wait on it is what
+    ``held_back`` leaves (Pulumi's SDK stops registering after the first failure, so a plain
+    ``pulumi up`` lands only part of it; ``--continue-on-error`` lands all of it)."""
+    full = runs[stack]
+    for pool in _tpu_pools(full):
+        failed = run_with_failures(load_stack(stack), [pool.name], stack=stack)
+        assert failed.error is not None and STOCKOUT in str(failed.error)
+        declared = {r.urn for r in failed.resources if r.custom}
+        waits = held_back(full.resources, [pool.name]) - {pool.urn}
+        assert waits and not waits & declared, pool.name  # its Ray objects were never created
+        assert declared <= {r.urn for r in full.resources if r.custom}
 
 
 def test_a_failed_cpu_pool_holds_back_the_ray_objects_but_not_the_tpu_pools(
