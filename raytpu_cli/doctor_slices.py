@@ -106,13 +106,11 @@ def slice_problems(
     where: str, pods: Sequence[Mapping[str, Any]], hosts: int, pools: Mapping[str, str]
 ) -> list[str]:
     """What is wrong with one slice of ``hosts`` hosts whose live pods are ``pods``."""
-    problems = []
-    if len(pods) != hosts:
-        problems.append(
-            f"{where}: {len(pods)} of {hosts} hosts (a partial slice: JAX waits for the rest)"
-        )
+    if len(pods) != hosts:  # the IDs and host lists of a partial slice say nothing more
+        partial = f"{where}: {len(pods)} of {hosts} hosts (a partial slice: JAX waits for the rest)"
+        return [partial, *_pool_problems(where, pods, pools)]
     ids = _worker_ids(pods)
-    problems += _id_problems(where, ids, hosts)
+    problems = _id_problems(where, ids, hosts)
     if hosts > 1 and None not in ids.values():
         problems += _hostname_problems(where, pods, ids)
     return problems + _pool_problems(where, pods, pools)
