@@ -254,7 +254,7 @@ def test_the_kubectl_reader_reads_what_the_recordings_hold(
 def test_a_kubectl_failure_is_one_clear_error(fake_kubectl: Path) -> None:
     env = {**os.environ, "FAIL_NODES": "1"}
     reader = doctor.KubectlReader(str(fake_kubectl), env=env)
-    with pytest.raises(doctor.ClusterReadError, match="nodes is forbidden.*RBAC"):
+    with pytest.raises(doctor.ClusterReadError, match=r"nodes is forbidden.*RBAC"):
         doctor.collect(reader, ["ray"])
     with pytest.raises(doctor.ClusterReadError, match="not found on PATH"):
         doctor.KubectlReader("/nonexistent/kubectl").get("nodes", None)
