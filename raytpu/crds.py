@@ -137,14 +137,31 @@ def _spec_schema(crds: CrdSet, kind: str, directory: str) -> dict[str, Any]:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader is 10x faster on 1 MB
     with path.open() as handle:
         crd = yaml.load(handle, Loader=loader)
-    versions = [v for v in crd["spec"]["versions"] if v["name"] == crds.version]
-    if not versions:
+    found = object_schema(crd, crds.version)
+    if found is None:
         raise CrdsMissingError(f"{path} has no {crds.version} version")
-    schema = _python_patterns(versions[0]["schema"]["openAPIV3Schema"])
+    schema = _python_patterns(found)
     if kind in crds.body_kinds:
         properties = {k: v for k, v in schema["properties"].items() if k not in _OBJECT_KEYS}
         return {**schema, "properties": properties}
     return schema["properties"]["spec"]
+
+
+def object_schema(crd: Any, version: str) -> dict[str, Any] | None:
+    """The ``openAPIV3Schema`` of ``version`` in a CRD object (a file's, or a live one as
+    ``kubectl get crd NAME -o json`` prints it); None when the CRD serves no such version."""
+    versions = (crd.get("spec") or {}).get("versions") if isinstance(crd, dict) else None
+    for entry in versions or []:
+        if isinstance(entry, dict) and entry.get("name") == version:
+            schema = (entry.get("schema") or {}).get("openAPIV3Schema")
+            return schema if isinstance(schema, dict) else None
+    return None
+
+
+def unknown_field_paths(value: Any, schema: Any, path: str = "spec") -> list[str]:
+    """The paths of the fields of ``value`` that ``schema`` does not know: what an API server
+    serving that schema drops without a word (``spec.authOptions`` on a CRD older than it)."""
+    return [message.split(": ", 1)[0] for message in _unknown_fields(value, schema, path)]
 
 
 _GO_LEADING_FLAGS = re.compile(r"^\^\(\?([a-zA-Z]+)\)")

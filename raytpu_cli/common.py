@@ -156,10 +156,15 @@ def project_dir(args: argparse.Namespace) -> Path:
 
 
 def load_stack_config(
-    args: argparse.Namespace, *, folder: Path | None = None, log: Any = None
+    args: argparse.Namespace,
+    *,
+    folder: Path | None = None,
+    log: Any = None,
+    image_tag: str | None = None,
 ) -> Any:
     """The validated ``StackConfig`` of ``args.stack`` in the project of ``--cwd`` (or in
-    ``folder``, taken as is); says on stderr which file it read. Raises UsageError/ConfigError."""
+    ``folder``, taken as is), with ``ray-tpu:imageTag`` = ``image_tag`` when given; says on
+    stderr which file it read. Raises UsageError/ConfigError."""
     from infra.config.stack import load_stack_file
 
     where = folder if folder is not None else project_dir(args)
@@ -168,7 +173,7 @@ def load_stack_config(
     except project.ProjectError as error:
         raise UsageError(str(error)) from None
     (log or _stderr)(f"stack {args.stack}: {path}")
-    return load_stack_file(path)
+    return load_stack_file(path, image_tag=image_tag)
 
 
 def _stderr(line: str) -> None:

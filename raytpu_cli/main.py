@@ -39,8 +39,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "raytpu_cli.dashboard",
         "open a stack's Ray Dashboard through kubectl port-forward",
     ),
+    "doctor": (
+        "raytpu_cli.doctor",
+        "after pulumi up: does the cluster run what the stack declares",
+    ),
 }
-READS_PROJECT = ("preview", "submit", "demo", "train", "serve", "quota", "dashboard", "status")
+READS_PROJECT = (
+    "preview",
+    "submit",
+    "demo",
+    "train",
+    "serve",
+    "quota",
+    "dashboard",
+    "status",
+    "doctor",
+)
 """Commands that read the Pulumi project of the current directory (or of --cwd)."""
 
 

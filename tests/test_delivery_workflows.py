@@ -235,6 +235,27 @@ def test_deploy_builds_and_pushes_the_image_it_deploys(
     assert steps[build]["env"]["IMAGE"] == "${{ steps.image.outputs.image }}"
 
 
+@pytest.mark.parametrize("stack", STACKS)
+def test_deploy_runs_raytpu_doctor_right_after_pulumi_up(stack: str) -> None:
+    """The step after the stack's whole `pulumi up` checks the cluster against the declaration,
+    with the image tag just deployed and the stack's own cluster credentials."""
+    steps = _load("deploy")["jobs"][stack]["steps"]
+    full = [
+        i
+        for i, s in enumerate(steps)
+        if _action(s) == PULUMI_ACTION and "target" not in s.get("with", {})
+    ]
+    doctors = [i for i, s in enumerate(steps) if "raytpu doctor" in s.get("run", "")]
+    assert doctors == [full[-1] + 1], (full, doctors)
+    step = steps[doctors[0]]
+    assert step["run"] == (
+        f'.venv/bin/raytpu doctor --stack {stack} --image-tag "$IMAGE_TAG" --get-credentials'
+    )
+    assert step["env"]["IMAGE_TAG"] == "${{ steps.image.outputs.tag }}"
+    assert step["env"]["USE_GKE_GCLOUD_AUTH_PLUGIN"] == "True"
+    assert "continue-on-error" not in step  # a red row fails the deploy
+
+
 def test_prod_is_deployed_after_dev_behind_the_prod_environment() -> None:
     jobs = _load("deploy")["jobs"]
     assert _triggers(_load("deploy"))["push"]["branches"] == ["main"]
