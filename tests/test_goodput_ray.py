@@ -275,6 +275,11 @@ GRACE_S = 12.0
 left and did not finish it before the deadline."""
 
 
+def _preemptions(result) -> list:
+    """The run's preemption events; on a loaded machine a warning may stand beside them."""
+    return [e for e in result.events if e.kind == "preemption"]
+
+
 @pytest.fixture(scope="module")
 def preempted(cluster, logs):
     """JAX process 1's host gets a preemption notice at step 3 (its node drained, deadline 12 s
@@ -286,14 +291,17 @@ def preempted(cluster, logs):
         logs, "preempted", ("preempt@3:1",), steps=PREEMPT_STEPS, preempt_grace_s=GRACE_S,
         checkpoint_timeout_s=60.0, spike_k=100.0, preempt_check_every=1,
         checkpoint_every=PREEMPT_STEPS, fast_every=0,  # the emergency one is the only checkpoint
+        slow_min_excess_s=30.0,  # the drained host's peer waits out its emergency save: not slow
     )  # fmt: skip
     return run_training(V6E_2X4_4T, config, name="preempted"), cluster
 
 
 def test_a_preempted_host_saves_an_emergency_checkpoint_and_the_run_resumes(preempted):
     result, cluster = preempted
-    (notice,) = result.events
-    assert notice.kind == "preemption" and notice.host in HOSTS, result.events
+    (notice,) = _preemptions(result)
+    assert notice.host in HOSTS, result.events
+    others = [e.kind for e in result.events if e is not notice]
+    assert not set(others) & {"hang", "host_loss", "failure"}, result.events
     assert notice.step >= 3
     assert f"emergency durable checkpoint at step {notice.step}" in notice.detail, notice
     assert result.attempts == 2 and result.final_step == PREEMPT_STEPS
@@ -310,6 +318,6 @@ def test_the_emergency_checkpoint_is_in_the_durable_tier(preempted):
     result, _ = preempted
     manager = open_checkpoints(f"gs://{BUCKET}/preempted")
     try:
-        assert result.events[0].step in manager.all_steps()
+        assert _preemptions(result)[0].step in manager.all_steps()
     finally:
         manager.close()
