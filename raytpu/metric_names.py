@@ -105,10 +105,14 @@ TRAIN_GOODPUT = Metric(
     (),
     "percentunit",
 )
+RESTART_CLASSES = ("hang", "host_loss", "slice_loss", "preemption")
+"""Training fault event classes that end an attempt (the run restarts from a checkpoint)."""
+FAULT_CLASSES = (*RESTART_CLASSES, "loss_spike", "slow_host")
+"""Every training fault event class (``event_class`` of :data:`TRAIN_FAULT_EVENTS`)."""
 TRAIN_FAULT_EVENTS = Metric(
     "raytpu_train_fault_events",
     "counter",
-    "Training fault events by class (hang, host_loss, preemption, loss_spike, slow_host)",
+    f"Training fault events by class ({', '.join(FAULT_CLASSES)})",
     ("event_class",),
 )
 TRAIN_RECOVERY_SECONDS = Metric(

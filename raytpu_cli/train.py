@@ -84,8 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KIND@STEP[:HOST]",
-        help="inject a fault (repeatable): kill-host, hang, spike, slow-host, preempt; "
-        "e.g. --inject kill-host@40 --inject hang@70:1",
+        help="inject a fault (repeatable): kill-host, kill-slice, hang, spike, slow-host, "
+        "preempt; e.g. --inject kill-host@40 --inject hang@70:1",
     )
     parser.add_argument(
         "--preset",

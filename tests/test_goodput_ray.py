@@ -132,6 +132,35 @@ def test_faulty_run_recovers_from_each_fault_in_order(runs):
     assert 0 < faulty.goodput <= 1 and faulty.wall_s > runs[0].wall_s
 
 
+@pytest.fixture(scope="module")
+def slice_lost(cluster, logs, runs):
+    """Every host of the run's slice goes at step 16 (``kill-slice``, GKE's repair of a
+    multi-host slice); a durable checkpoint every 10 steps, the clean run's spike at 12."""
+    from workloads.training.driver import run_training
+
+    config = _config(logs, "slice-lost", ("spike@12", "kill-slice@16:1"), checkpoint_every=10)
+    before = {(p.slice_name, p.tpu_worker_id): p.node_id for p in runs[0].placements}
+    replaced_before = len(cluster.replaced)
+    result = run_training(V6E_2X4_4T, config, name="slice-lost")
+    return result, before, cluster.replaced[replaced_before:]
+
+
+def test_a_lost_slice_is_replaced_whole_and_the_run_resumes_from_the_durable_tier(runs, slice_lost):
+    clean = runs[0]
+    result, before, replaced = slice_lost
+    assert [(e.kind, e.step) for e in result.events] == [("loss_spike", 12), ("slice_loss", 16)]
+    lost = result.events[1]
+    # Both hosts' disks went with the slice: the fast tier at step 15 is gone, the durable one
+    # at step 10 is the newest left.
+    assert lost.action.endswith("resumed from the durable tier at step 10"), lost
+    assert result.restores == (("none", 0), ("durable", 10)) and result.attempts == 2
+    # Replaced whole: every host of the slice, each once, new node ids, the same shape.
+    assert sorted(replaced) == [("train-0", 0), ("train-0", 1)], replaced
+    after = {(p.slice_name, p.tpu_worker_id): p.node_id for p in result.placements}
+    assert set(after) == set(before) and not set(after.values()) & set(before.values())
+    assert result.params_digest == clean.params_digest
+
+
 PRESET_STEPS = 8
 
 
@@ -293,11 +322,12 @@ def preempted(cluster, logs):
         checkpoint_every=PREEMPT_STEPS, fast_every=0,  # the emergency one is the only checkpoint
         slow_min_excess_s=30.0,  # the drained host's peer waits out its emergency save: not slow
     )  # fmt: skip
-    return run_training(V6E_2X4_4T, config, name="preempted"), cluster
+    replaced_before = len(cluster.replaced)
+    return run_training(V6E_2X4_4T, config, name="preempted"), cluster.replaced[replaced_before:]
 
 
 def test_a_preempted_host_saves_an_emergency_checkpoint_and_the_run_resumes(preempted):
-    result, cluster = preempted
+    result, replaced = preempted
     (notice,) = _preemptions(result)
     assert notice.host in HOSTS, result.events
     others = [e.kind for e in result.events if e is not notice]
@@ -309,7 +339,7 @@ def test_a_preempted_host_saves_an_emergency_checkpoint_and_the_run_resumes(pree
     assert notice.action.endswith(f"resumed from the durable tier at step {notice.step}")
     # The node pool replaced the preempted host (the one JAX process 1 ran on: Ray may place
     # the processes either way round).
-    assert [f"{s}/{w}" for s, w in cluster.replaced] == [notice.host]
+    assert [f"{s}/{w}" for s, w in replaced] == [notice.host]
 
 
 def test_the_emergency_checkpoint_is_in_the_durable_tier(preempted):

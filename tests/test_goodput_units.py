@@ -33,8 +33,9 @@ from workloads.training.worker_loop import data_index
         (" spike@0 ", FaultSpec("spike", 0, -1)),
         ("slow-host@20:0", FaultSpec("slow-host", 20, 0)),
         ("preempt@5", FaultSpec("preempt", 5, -1)),
+        ("kill-slice@16:1", FaultSpec("kill-slice", 16, 1)),
     ],
-    ids=["kill", "hang-host", "spike-spaces", "slow", "preempt"],
+    ids=["kill", "hang-host", "spike-spaces", "slow", "preempt", "kill-slice"],
 )
 def test_fault_spec_parses_and_prints_back(text: str, expected: FaultSpec) -> None:
     assert parse_fault(text) == expected
@@ -60,7 +61,7 @@ def test_bad_fault_spec_names_field_value_and_valid_kinds(text: str) -> None:
         parse_faults(["spike@1", text], field="--inject")
     message = str(caught.value)
     assert message.startswith(f"--inject: {text!r} is not valid; valid: KIND@STEP[:HOST]")
-    assert "kill-host, hang, spike, slow-host, preempt" in message
+    assert "kill-host, kill-slice, hang, spike, slow-host, preempt" in message
 
 
 @pytest.mark.parametrize(

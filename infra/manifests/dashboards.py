@@ -145,8 +145,8 @@ TRAINING = DashboardSpec(
                     (*mn.BASE_LABELS, "event_class"),
                 ),
             ),
-            description="Hangs, lost hosts, preemptions, loss spikes and slow hosts the "
-            "goodput layer handled; each restart is one hang, host_loss or preemption",
+            description="Hangs, lost hosts and slices, preemptions, loss spikes and slow hosts "
+            f"the goodput layer handled; each restart is one of {', '.join(mn.RESTART_CLASSES)}",
         ),
         PanelSpec(
             "Recovery time p90 (last hour)",

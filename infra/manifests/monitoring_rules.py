@@ -57,11 +57,9 @@ def _serve_rate(selector: str = "") -> str:
     return f"sum by ({BY}) (rate({mn.SERVE_REQUESTS.promql}_total{selector}[5m]))"
 
 
-RESTART_CLASSES = ("hang", "host_loss", "preemption")
-"""Fault events (:data:`workloads.training.goodput.EVENT_KINDS`) that restart a training attempt."""
 TRAINING_RESTARTS = (
     f"sum by ({BY}) (increase({mn.TRAIN_FAULT_EVENTS.promql}_total"
-    f'{{event_class=~"{"|".join(RESTART_CLASSES)}"}}[1h]))'
+    f'{{event_class=~"{"|".join(mn.RESTART_CLASSES)}"}}[1h]))'
 )
 """Restarts of the workload's training attempts in the last hour."""
 

@@ -1,9 +1,12 @@
-"""The simulated node pool: GKE's part in a preemption, on the local slice cluster.
+"""The simulated node pool: GKE's part in a preemption or a slice repair, on the local slice cluster.
 
 On GKE a preempted TPU host's pod gets SIGTERM; ``ray start --block`` (the pod's command) then
 drains its Ray node with reason *preemption* and a deadline (Ray Train's preemption watcher tells
 the workers, :mod:`workloads.training.worker_loop` saves an emergency checkpoint), the VM goes away at the
-deadline and the node pool brings up a new one in its place, with an empty disk.
+deadline and the node pool brings up a new one in its place, with an empty disk. A multi-host
+slice is repaired whole: when one of its VMs fails GKE recreates every VM of the slice (the
+``kill-slice`` fault drains them all with a deadline of now), so every host goes before any new
+one starts.
 
 :class:`NodePool` plays the VM and the node pool for a
 :class:`workloads.sim.local_cluster.LocalSliceCluster`: a host whose node is drained with a deadline
@@ -46,6 +49,8 @@ class NodePool:
         self._handled: set[str] = set()
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         """Ray node id -> the ``ray start --block`` process of a replacement host."""
+        self._starting: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
+        """Host -> the process of its replacement, until the replacement registered."""
 
     def start(self) -> NodePool:
         self._stop.clear()
@@ -91,20 +96,37 @@ class NodePool:
                 and n["NodeID"] not in self._handled
             )
             now_ms = time.time() * 1000
-            for node_id, deadline_ms in sorted(doomed.items()):
-                if now_ms >= deadline_ms:
-                    del doomed[node_id]
-                    self._handled.add(node_id)
-                    self._replace(node_id, nodes)
+            due = sorted(n for n, deadline_ms in doomed.items() if now_ms >= deadline_ms)
+            for node_id in due:
+                del doomed[node_id]
+                self._handled.add(node_id)
+            if due:
+                self._replace(due, nodes)
 
-    def _replace(self, node_id: str, nodes: list[dict[str, Any]]) -> None:
-        labels = next((n.get("Labels") or {} for n in nodes if n["NodeID"] == node_id), {})
-        key = host_key(labels)
+    def _replace(self, node_ids: list[str], nodes: list[dict[str, Any]]) -> None:
+        """The VMs of ``node_ids`` go (a preempted host, or every host of a repaired slice),
+        all of them before any new one starts; then a new VM each, as the node pool does."""
         cluster = self.cluster
-        host = next((h for h in cluster.hosts if (h.slice_name, h.worker_id) == key), None)
-        if host is None or cluster.ray_cluster is None:
+        if cluster.ray_cluster is None:
             return
-        # The VM goes: every process of the host (raylet, agents, workers) at once.
+        started = []
+        for node_id in node_ids:
+            labels = next((n.get("Labels") or {} for n in nodes if n["NodeID"] == node_id), {})
+            key = host_key(labels)
+            host = next((h for h in cluster.hosts if (h.slice_name, h.worker_id) == key), None)
+            if host is not None:
+                self._remove(node_id, key)
+                started.append((node_id, key, host))
+        for _, key, host in started:
+            self._start(key, host)
+        for node_id, key, _ in started:
+            new_id = self._wait_for_host(key, exclude=node_id)
+            self._processes[new_id or f"unregistered {key}"] = self._starting.pop(key)
+            logger.warning("node pool: host %s/%d went away; replaced (node %s)", *key, new_id)
+
+    def _remove(self, node_id: str, key: tuple[str, int]) -> None:
+        """The VM goes: every process of the host (raylet, agents, workers) at once."""
+        cluster = self.cluster
         kill_processes_with_env("TMPDIR", str(cluster.host_dirs[key] / "tmp"))
         process = self._processes.pop(node_id, None)
         if process is not None:
@@ -112,6 +134,10 @@ class NodePool:
         for worker in list(cluster.ray_cluster.worker_nodes):
             if worker.node_id == node_id:
                 cluster.ray_cluster.remove_node(worker, allow_graceful=False)  # records only
+
+    def _start(self, key: tuple[str, int], host: Any) -> None:
+        """A new VM for ``key``: ``ray start --block`` in a fresh folder."""
+        cluster = self.cluster
         host_dir = cluster.new_host_dir(f"h-{key[0]}-{key[1]}-r{len(self.replaced)}")
         cluster.host_dirs[key] = host_dir
         with (host_dir / "ray-start.log").open("wb") as log:
@@ -123,10 +149,7 @@ class NodePool:
                 stderr=subprocess.STDOUT,
             )
         self.replaced.append(key)
-        new_id = self._wait_for_host(key, exclude=node_id)
-        if new_id:
-            self._processes[new_id] = process
-        logger.warning("node pool: host %s/%d preempted; replaced (node %s)", *key, new_id)
+        self._starting[key] = process
 
     def _command(self, host: Any, host_dir: Path) -> list[str]:
         cluster, ports = self.cluster, agent_ports()

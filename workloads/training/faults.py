@@ -1,4 +1,4 @@
-"""Fault injection for training runs: ``kill-host@40``, ``hang@70:1``, ``spike@30``, ``slow-host@20``.
+"""Fault injection for training runs: ``kill-host@40``, ``kill-slice@40``, ``hang@70:1``, ``spike@30``.
 
 A **fault spec** is ``KIND@STEP`` or ``KIND@STEP:HOST``: at optimizer step ``STEP`` (the step
 about to run, counted from 0) the worker of host ``HOST`` (``jax.process_index()``, default the
@@ -6,6 +6,11 @@ last host) does:
 
 - ``kill-host``: loses its local disk (the fast checkpoint tier, :mod:`workloads.training.checkpoint_tiers`) and its
   process dies at once (SIGKILL), as a host that goes away;
+- ``kill-slice``: every host of that host's slice goes away at once, as when GKE repairs a
+  multi-host slice (it recreates all of the slice's VMs, never one): the host drains every Ray
+  node of its slice with a deadline of now (no time for an emergency save) and dies; the local
+  slice cluster's node pool then brings up a new slice of the same shape (new node ids, empty
+  disks, :class:`workloads.sim.node_pool.NodePool`);
 - ``hang``: stops making progress (sleeps) until the hang watchdog (:mod:`workloads.training.goodput`)
   sees it;
 - ``spike``: trains that step on a corrupt batch (uniform random bytes, a real loss spike; the
@@ -37,7 +42,7 @@ from typing import Any
 
 from raytpu.errors import invalid
 
-KINDS = ("kill-host", "hang", "spike", "slow-host", "preempt")
+KINDS = ("kill-host", "kill-slice", "hang", "spike", "slow-host", "preempt")
 SLOW_HOST_DELAY_S = 1.0
 HANG_SLEEP_S = 3600.0
 """How long an injected hang sleeps (the watchdog ends it long before)."""
@@ -165,6 +170,10 @@ class FaultPlan:
         if fault.kind == "kill-host":
             shutil.rmtree(fast_dir, ignore_errors=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind == "kill-slice":
+            shutil.rmtree(fast_dir, ignore_errors=True)
+            drain_slice(f"injected {fault}: the slice is repaired whole")
+            os.kill(os.getpid(), signal.SIGKILL)
         elif fault.kind == "hang":
             time.sleep(HANG_SLEEP_S)
         elif fault.kind == "preempt":
@@ -180,15 +189,38 @@ def drain_for_preemption(message: str, grace_s: float) -> None:
     the call ``ray start --block`` makes on SIGTERM (``ray/_private/node.py``) and
     ``ray drain-node`` makes by hand (Ray's developer API: ``GcsClient.drain_node``)."""
     import ray
+
+    _drain([ray.get_runtime_context().get_node_id()], message, grace_s)
+
+
+def drain_slice(message: str) -> list[str]:
+    """Drain every live Ray node of this worker's slice (its ``ray.io/tpu-slice-name`` label)
+    with a deadline of now; returns their node ids."""
+    import ray
+
+    from raytpu.ray_names import LABEL_SLICE_NAME
+
+    me, nodes = ray.get_runtime_context().get_node_id(), ray.nodes()
+    mine = next((n.get("Labels") or {}).get(LABEL_SLICE_NAME) for n in nodes if n["NodeID"] == me)
+    if not mine:
+        raise RuntimeError(f"kill-slice: node {me} has no {LABEL_SLICE_NAME} label")
+    slice_nodes = [
+        n["NodeID"]
+        for n in nodes
+        if n["Alive"] and (n.get("Labels") or {}).get(LABEL_SLICE_NAME) == mine
+    ]
+    _drain(slice_nodes, message, 0.0)
+    return slice_nodes
+
+
+def _drain(node_ids: list[str], message: str, grace_s: float) -> None:
+    import ray
     from ray.core.generated import autoscaler_pb2
 
-    context = ray.get_runtime_context()
+    gcs = ray._raylet.GcsClient(address=ray.get_runtime_context().gcs_address)
     deadline_ms = int(time.time() * 1000 + grace_s * 1000)
-    accepted, rejection = ray._raylet.GcsClient(address=context.gcs_address).drain_node(
-        context.get_node_id(),
-        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-        message,
-        deadline_ms,
-    )
-    if not accepted:
-        raise RuntimeError(f"drain for preemption refused by the GCS: {rejection}")
+    reason = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
+    for node_id in node_ids:
+        accepted, rejection = gcs.drain_node(node_id, reason, message, deadline_ms)
+        if not accepted:
+            raise RuntimeError(f"drain of node {node_id} refused by the GCS: {rejection}")

@@ -32,7 +32,6 @@ from raytpu.errors import invalid
 
 SPIKE_POLICIES = ("log", "skip", "rollback")
 SLOW_POLICIES = ("warn", "restart")
-EVENT_KINDS = ("hang", "host_loss", "preemption", "loss_spike", "slow_host")
 MOVE_ACTION = "restart on a spare slice"
 """A ``slow_host`` event's action when the attempt ends to leave the slow host's slice."""
 
@@ -112,7 +111,7 @@ class GoodputConfig:
 
 @dataclass(frozen=True)
 class GoodputEvent:
-    """One fault: its class (:data:`EVENT_KINDS`), the step, the host, what was done, how long the
+    """One fault: its class (:data:`raytpu.metric_names.FAULT_CLASSES`), the step, the host, what was done, how long the
     recovery took (seconds from the failure until training ran again; 0 for in-place actions)."""
 
     kind: str

@@ -3,8 +3,8 @@
 After each attempt the driver reads the run's board (:class:`workloads.training.config.RunBoard`):
 the events the workers posted (loss spikes, slow hosts, hangs with their stack dumps), the
 injected faults that fired, the tier and step each attempt restored. A failed attempt becomes one
-event of class ``hang`` (a worker's watchdog said so), ``preemption`` or ``host_loss`` (a worker
-or its host went away), or ``slow_host`` (policy ``restart``: the workers left a slow host's
+event of class ``hang`` (a worker's watchdog said so), ``preemption``, ``host_loss`` (a worker
+or its host went away) or ``slice_loss`` (every host of a slice went away), or ``slow_host`` (policy ``restart``: the workers left a slow host's
 slice, which :attr:`EventBook.cordons` names for the driver to hold), with the action taken; its
 ``duration_s`` is the recovery time, from the failure until the next attempt finished its first
 step. ``events.jsonl`` and ``stacks/`` in
@@ -22,6 +22,8 @@ from typing import Any
 from workloads.training.goodput import MOVE_ACTION, GoodputEvent
 
 NOT_RESTARTABLE = ("runtime_nan", "bad_input")
+LOST_KINDS = {"kill-host": "host_loss", "kill-slice": "slice_loss", "preempt": "preemption"}
+"""Injected faults that take hosts away -> the event class of the failed attempt."""
 """Error classes a restart from a checkpoint would only repeat."""
 
 
@@ -59,7 +61,7 @@ class EventBook:
         stacks = self._save_stacks(board, log_dir)
         error_class = errors.classify(error).label
         kind: str | None
-        lost = [f for f in fired if f["kind"] in ("kill-host", "preempt")]
+        lost = [f for f in fired if f["kind"] in LOST_KINDS]
         culprits = sorted({h["host"] for h in hangs if h["host"]})
         if moves:
             move = moves[-1]
@@ -70,10 +72,14 @@ class EventBook:
             # First: a host that went away leaves its peers waiting in a collective, and their
             # watchdogs may fire before Ray Train sees the loss.
             # The drained host's last word (it says so before and after its emergency save).
-            source = preempted[-1] if preempted else lost[-1]
-            kind = "preemption" if preempted or source["kind"] == "preempt" else "host_loss"
+            # A repaired slice's hosts were drained for it: its peers may read that as a notice.
+            repaired = [f for f in lost if f["kind"] == "kill-slice"]
+            if preempted and not repaired:
+                source, kind, detail = preempted[-1], "preemption", preempted[-1]["action"]
+            else:
+                source = (repaired or lost)[-1]
+                kind, detail = LOST_KINDS[source["kind"]], f"injected {source['spec']}"
             step, host = int(source["step"]), source["host"]
-            detail = preempted[-1]["action"] if preempted else f"injected {source['spec']}"
         elif culprits:
             kind, step, host = "hang", min(int(h["step"]) for h in hangs), ",".join(culprits)
             first = next(h for h in hangs if h["host"])
