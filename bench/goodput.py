@@ -35,8 +35,9 @@ from raytpu import catalog
 
 BUCKET = "raytpu-bench-goodput"
 MODEL = {"d_model": 64, "n_heads": 2, "n_layers": 2, "d_ff": 128, "seq_len": 64}
-SCENARIOS = ("none", "kill-host", "hang", "spike", "slow-host", "preempt")
-"""``preempt`` last: its host is replaced, which the runs after it would wait for."""
+SCENARIOS = ("none", "kill-host", "hang", "spike", "slow-host", "kill-slice", "preempt")
+"""``kill-slice`` and ``preempt`` last: their hosts are replaced, which the runs after them wait
+for."""
 
 
 def fault_for(scenario: str, at: int) -> tuple[str, ...]:

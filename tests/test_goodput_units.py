@@ -346,6 +346,7 @@ def test_goodput_bench_places_each_fault_and_prints_one_row_per_run(capsys) -> N
         ("hang@7:1",),
         ("spike@7:1",),
         ("slow-host@7:0",),
+        ("kill-slice@7:1",),
         ("preempt@7:1",),
     ]
     event = {"kind": "host_loss", "step": 7, "action": "restart", "duration_s": 30.0}
