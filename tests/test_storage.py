@@ -35,6 +35,30 @@ def test_require_shared(directory: str, processes: int, ok: bool) -> None:
     assert "valid: gs://BUCKET/PATH" in message
 
 
+BAD_BUCKETS = {
+    "too-short": "gs://p/run",
+    "upper-case": "gs://Raytpu-ckpt/run",
+    "ends-with-dash": "gs://raytpu-/run",
+    "goog": "gs://googly-ckpt/run",
+    "empty": "gs:///run",
+}
+
+
+@pytest.mark.parametrize("directory", BAD_BUCKETS.values(), ids=BAD_BUCKETS)
+@pytest.mark.parametrize("processes", [1, 8], ids=["one-process", "multi-host"])
+def test_a_gs_path_with_a_bad_bucket_is_refused_before_the_run(directory, processes) -> None:
+    """tensorstore would refuse it only at the first checkpoint, after every host started."""
+    with pytest.raises(ValueError) as caught:
+        storage.require_shared("train.checkpoint_dir", directory, processes)
+    bucket = directory.removeprefix("gs://").split("/")[0]
+    assert str(caught.value) == (
+        f"train.checkpoint_dir: {directory!r} is not valid (bucket {bucket!r} is not a GCS bucket "
+        "name); valid: gs://BUCKET/PATH with BUCKET 3..63 lowercase letters, digits, '-' and '_', "
+        "starting and ending with a letter or digit, without 'goog' (bucket names are global: "
+        "include your project)"
+    )
+
+
 @pytest.mark.parametrize(
     ("checkpoint_dir", "path", "remote"),
     [

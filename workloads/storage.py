@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from raytpu.errors import invalid
+from raytpu.gcs_names import check_gs_path
 
 REMOTE_SCHEMES = ("gs://",)
 RAY_TRAIN_FOLDER = "ray-train"
@@ -49,7 +50,9 @@ def join(directory: str, *names: str) -> str:
 
 
 def require_shared(field: str, directory: str, processes: int) -> None:
-    """Refuse a local ``directory`` for a run of more than one process (one per TPU host)."""
+    """Refuse a local ``directory`` for a run of more than one process (one per TPU host), and a
+    ``gs://`` one whose bucket is not a GCS bucket name."""
+    check_gs_path(field, directory)
     if processes > 1 and not is_remote(directory):
         raise ValueError(
             invalid(

@@ -10,6 +10,7 @@ from typing import Any
 
 from infra.config.reader import Problems, Section, int_range, name_check, name_valid
 from infra.config.schema import NAMESPACE, StorageConfig
+from raytpu.gcs_names import BUCKET_VALID, bucket_ok
 
 _KEYS = (
     "bucket",
@@ -19,18 +20,8 @@ _KEYS = (
     "forceDestroy",
     "serviceAccount",
 )
-BUCKET_RE = re.compile(r"^[a-z0-9][-a-z0-9_]{1,61}[a-z0-9]$")
-"""GCS bucket names without dots: 3..63 of a-z, 0-9, '-', '_', starting and ending alphanumeric."""
-BUCKET_VALID = (
-    "3..63 lowercase letters, digits, '-' and '_', starting and ending with a letter or digit, "
-    "without 'goog' (bucket names are global: include your project)"
-)
 SOFT_DELETE_MAX_DAYS = 90
 """GCS soft delete: 0 (off) or 7..90 days."""
-
-
-def bucket_ok(name: Any) -> bool:
-    return isinstance(name, str) and bool(BUCKET_RE.match(name)) and "goog" not in name
 
 
 def default_bucket(project: str, cluster: str) -> str:
