@@ -94,13 +94,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 LONGEST_FIRST = (
-    "test_goodput_ray.py",  # ~600 s in a fresh clone on 2 cores (three training runs)
-    "test_obs_prometheus.py",  # ~310 s
-    "test_demo.py",  # ~290 s
-    "test_workloads_ray.py",  # ~240 s
-    "test_multislice_ray.py",  # ~200 s
+    "test_goodput_ray.py",  # ~770 s under make test on 2 cores (five training runs, 11 attempts)
+    "test_obs_prometheus.py",  # ~300 s
+    "test_demo.py",  # ~295 s
+    "test_cli_console.py",  # ~230 s
+    "test_multislice_ray.py",  # ~225 s
+    "test_workloads_ray.py",  # ~180 s
 )
-"""Measured by ``make test``'s ``--durations`` (CI, 2026-12-04). xdist hands a worker the next
+"""Measured by ``--durations=0`` under ``make test``'s two workers (2026-12-06, this machine). xdist hands a worker the next
 module when it is free; by default it orders modules by their number of tests, which put these
 (few tests, minutes of Ray each) last, so one worker ran on alone for minutes at the end."""
 
