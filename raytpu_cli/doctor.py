@@ -18,7 +18,8 @@ prints one row per check:
 - TPU slices: each running slice has TPU_WORKER_ID 0..n-1 once each, TPU_WORKER_HOSTNAMES that
   match its pods' hostnames, and all its pods on one node pool.
 - token auth: the live objects keep authOptions.mode token and their heads run with it.
-- RayCluster images: no RayCluster pod runs another image than declared.
+- RayCluster images: no pod of a RayCluster, or of a RayService's active cluster, runs another
+  image than declared.
 
 Exit codes: 0 every check passed, 1 a check failed (or kubectl failed), 2 bad input, 6 the
 cluster did not answer in time.

@@ -426,13 +426,44 @@ def _stale(obj: DeclaredRay, pod: Mapping[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def _serving_cluster(obj: DeclaredRay, state: ClusterState) -> str | None:
+    """The RayCluster whose pods should run ``obj``'s declared image now: a RayCluster itself;
+    a RayService's active cluster while no upgrade is pending (a pending cluster is KubeRay's
+    blue-green upgrade under way: the active one keeps the old image until the switch)."""
+    if obj.kind == "RayCluster":
+        return obj.name
+    live = live_object(state, obj)
+    if live is None or get(live, "status.pendingServiceStatus.rayClusterName"):
+        return None
+    return next(iter(live_cluster_names(obj, live)), None)
+
+
+def _stale_fix(obj: DeclaredRay, cluster: str) -> str:
+    if obj.kind == "RayCluster":
+        return (
+            "KubeRay does not replace a RayCluster's pods when its spec changes. When no job runs "
+            f"on it, delete its pods (kubectl delete pod -n {obj.namespace} -l "
+            f"ray.io/cluster={cluster}); KubeRay recreates them with the declared image"
+        )
+    return (
+        "with upgradeStrategy None KubeRay applies Serve config changes in place but does not "
+        "replace the RayService's cluster for a new image. Delete the active cluster (kubectl "
+        f"delete raycluster -n {obj.namespace} {cluster}); KubeRay recreates it from the "
+        "declared spec, with downtime while its slice comes back"
+    )
+
+
 def check_images(declared: Sequence[DeclaredRay], state: ClusterState) -> Row:
-    """RayClusters whose pods run another image than declared: KubeRay does not roll them."""
+    """RayClusters, and RayServices' active clusters, whose pods run another image than
+    declared: KubeRay rolls neither in place."""
     problems = []
-    clusters = [d for d in declared if d.kind == "RayCluster"]
-    for obj in clusters:
+    checked = [d for d in declared if d.kind in ("RayCluster", "RayService")]
+    for obj in checked:
+        cluster = _serving_cluster(obj, state)
+        if cluster is None:
+            continue
         stale: dict[tuple[str, str], list[str]] = {}
-        for pod in pods_of(state, obj.namespace, obj.name):
+        for pod in pods_of(state, obj.namespace, cluster):
             for pair in _stale(obj, pod):
                 stale.setdefault(pair, []).append(pod_name(pod))
         if stale:
@@ -440,11 +471,6 @@ def check_images(declared: Sequence[DeclaredRay], state: ClusterState) -> Row:
                 f"{', '.join(sorted(set(pods)))} run {old}, declared {new}"
                 for (old, new), pods in stale.items()
             )
-            problems.append(
-                f"{obj.label} is stale ({shown}): KubeRay does not replace a RayCluster's pods "
-                "when its spec changes. When no job runs on it, delete its pods (kubectl delete "
-                f"pod -n {obj.namespace} -l ray.io/cluster={obj.name}); KubeRay recreates them "
-                "with the declared image"
-            )
-    names = ", ".join(d.label for d in clusters) or "no RayCluster declared"
+            problems.append(f"{obj.label} is stale ({shown}): {_stale_fix(obj, cluster)}")
+    names = ", ".join(d.label for d in checked) or "no RayCluster or RayService declared"
     return _row(CHECK_IMAGES, problems, f"pods run the declared image: {names}")

@@ -7,6 +7,8 @@ stack declares comes from the program under mocks, never from a copy in this fil
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import os
 import stat
@@ -104,6 +106,41 @@ def test_each_scenario_turns_its_rows_red(scenario: str, declared: tuple[Declare
     for check, fragments in SCENARIOS[scenario].items():
         for fragment in fragments:
             assert fragment in red[check], (check, fragment, red[check])
+
+
+OLD_IMAGE_TAG = "0ld1ma9e0000"
+
+
+def _serve_stale(state: ClusterState, pending: bool) -> ClusterState:
+    """The healthy recordings with the RayService's cluster pods on an older image tag and,
+    with ``pending``, a blue-green upgrade under way (a pending cluster in its status)."""
+    pods = copy.deepcopy(state.pods)
+    for pod in pods:
+        if pod["metadata"]["labels"].get("ray.io/cluster", "").startswith("serve-"):
+            for container in pod["spec"]["containers"]:
+                container["image"] = container["image"].replace(TAG, OLD_IMAGE_TAG)
+    services = copy.deepcopy(state.ray_objects["RayService"])
+    if pending:
+        services[0]["status"]["pendingServiceStatus"] = {"rayClusterName": "serve-n3w9q"}
+    objects = {**state.ray_objects, "RayService": services}
+    return dataclasses.replace(state, pods=pods, ray_objects=objects)
+
+
+@pytest.mark.parametrize(
+    ("pending", "stale"), [(False, True), (True, False)], ids=["in-place", "upgrade-pending"]
+)
+def test_a_rayservice_upgraded_in_place_that_runs_an_old_image_is_flagged(
+    declared: tuple[DeclaredRay, ...], pending: bool, stale: bool
+) -> None:
+    state = _serve_stale(_state("healthy", declared), pending)
+    (row,) = [r for r in doctor.run_checks(declared, state) if r.check == CHECK_IMAGES]
+    assert row.ok is not stale, row.message
+    if stale:
+        assert "RayService ray/serve is stale" in row.message, row.message
+        assert f"-{OLD_IMAGE_TAG}, declared " in row.message, row.message
+        assert "kubectl delete raycluster -n ray serve-x7k2p" in row.message, row.message
+    else:
+        assert "RayService ray/serve" in row.message, row.message
 
 
 def _pod(name: str, worker: str | None, hostname: str, hosts: str, node: str | None) -> dict:
