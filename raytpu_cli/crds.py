@@ -93,7 +93,7 @@ def _download(url: str, timeout_s: float) -> bytes:
 
 def _check_crd(body: bytes, crd_set: CrdSet, url: str) -> None:
     try:
-        crd = yaml.safe_load(body)
+        crd = crds.load_crd_yaml(body)
     except yaml.YAMLError as error:
         raise FetchError(f"{url}: not YAML ({error})") from error
     if not isinstance(crd, dict) or crd.get("kind") != "CustomResourceDefinition":

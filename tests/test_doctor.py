@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from raytpu_cli import doctor
 from raytpu_cli.doctor_checks import (
@@ -191,7 +190,7 @@ def _real_crds() -> list[dict[str, Any]]:
     if crds.KUBERAY.missing():
         pytest.skip(f"KubeRay CRDs not in {crds.KUBERAY.crds_dir()} (raytpu crds fetch)")
     folder = crds.KUBERAY.crds_dir()
-    return [yaml.safe_load((folder / name).read_text()) for name in crds.KUBERAY.filenames()]
+    return [crds.load_crd_yaml((folder / name).read_text()) for name in crds.KUBERAY.filenames()]
 
 
 def test_the_version_check_passes_on_the_full_pinned_crds(
