@@ -120,13 +120,13 @@ class CrdSet:
 _OBJECT_KEYS = ("apiVersion", "kind", "metadata")
 
 
-@functools.cache
 def load_crd_yaml(source: Any) -> Any:
     """One CRD's YAML (a string, bytes or an open file; KubeRay's are over 1 MB each), with
     libyaml's C loader where PyYAML was built with it (about 10x faster), else the Python one."""
     return yaml.load(source, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
+@functools.cache
 def _spec_schema(crds: CrdSet, kind: str, directory: str) -> dict[str, Any]:
     if kind not in crds.kinds:
         raise ValueError(
