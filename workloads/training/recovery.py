@@ -22,9 +22,9 @@ from typing import Any
 from workloads.training.goodput import MOVE_ACTION, GoodputEvent
 
 NOT_RESTARTABLE = ("runtime_nan", "bad_input")
+"""Error classes a restart from a checkpoint would only repeat."""
 LOST_KINDS = {"kill-host": "host_loss", "kill-slice": "slice_loss", "preempt": "preemption"}
 """Injected faults that take hosts away -> the event class of the failed attempt."""
-"""Error classes a restart from a checkpoint would only repeat."""
 
 
 class EventBook:
