@@ -21,6 +21,7 @@ BENCHMARKS = (
     "presets",
     "serving_llm",
     "goodput",
+    "compile_cache",
 )
 DEFAULT = ("iac_scale", "reservation", "training", "serving")
 TIMEOUT_S = 1200.0
