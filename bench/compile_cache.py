@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import _common
+from raytpu.entrypoints import COMPILATION_CACHE_ENV
 from workloads.model import compile_cache
 
 DEVICES = 8
@@ -133,7 +134,7 @@ def child_env() -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(CACHE_ENV_PREFIXES) and k != compile_cache.ENV_VAR
+        if not k.startswith(CACHE_ENV_PREFIXES) and k != COMPILATION_CACHE_ENV
     }
     env["JAX_PLATFORMS"] = "cpu"
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"

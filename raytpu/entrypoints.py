@@ -33,6 +33,19 @@ SERVE_FALLBACK_ENV = "RAYTPU_SERVE_FALLBACK"
 deployment has no capacity."""
 FALLBACK_KEY_ENV = "RAYTPU_FALLBACK_API_KEY"
 """The external fallback's API key, filled on every Ray pod from a Kubernetes secret."""
+COMPILATION_CACHE_ENV = "RAYTPU_COMPILATION_CACHE_DIR"
+"""JAX's persistent compilation cache of a training worker or a Serve replica
+(:func:`workloads.model.compile_cache.from_env`); unset or empty: no cache. The stack sets it on
+every Ray pod to :func:`compilation_cache_uri` of its bucket."""
+COMPILATION_CACHE_FOLDER = "jax-compilation-cache"
+"""The cache's folder in the stack's bucket, beside the runs' checkpoint folders."""
+
+
+def compilation_cache_uri(bucket: str) -> str:
+    """``gs://BUCKET/jax-compilation-cache``: where the stack's pods keep JAX's compilations."""
+    return f"gs://{bucket}/{COMPILATION_CACHE_FOLDER}"
+
+
 LLM_IMPORT_PATH = "ray.serve.llm:build_openai_app"
 """The production engine path: Ray Serve LLM's OpenAI app (vLLM; on TPU, vLLM's TPU backend)."""
 SERVE_DEPLOYMENT = "TextGenerator"

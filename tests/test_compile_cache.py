@@ -20,6 +20,11 @@ from pathlib import Path
 import pytest
 from gcs_fixture import gcs_or_skip
 
+from raytpu.entrypoints import (
+    COMPILATION_CACHE_ENV,
+    COMPILATION_CACHE_FOLDER,
+    compilation_cache_uri,
+)
 from workloads.model import compile_cache
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,8 +81,8 @@ def cache(request, tmp_path) -> Iterator[tuple[str, Callable[[], int]]]:
         return
     with gcs_or_skip(BUCKET) as gcs:
         yield (
-            compile_cache.bucket_dir(BUCKET),
-            lambda: len(gcs.objects(BUCKET, compile_cache.CACHE_FOLDER + "/")),
+            compilation_cache_uri(BUCKET),
+            lambda: len(gcs.objects(BUCKET, COMPILATION_CACHE_FOLDER + "/")),
         )
 
 
@@ -125,11 +130,11 @@ def test_normalize(given, expected):
     ],
     ids=["uppercase-bucket", "no-bucket", "goog-in-name", "other-scheme"],
 )
-@pytest.mark.parametrize("field", [compile_cache.FIELD, compile_cache.ENV_VAR])
+@pytest.mark.parametrize("field", [compile_cache.FIELD, COMPILATION_CACHE_ENV])
 def test_bad_directory_names_the_field(given, reason, field):
     with pytest.raises(ValueError) as error:
-        if field == compile_cache.ENV_VAR:
-            compile_cache.from_env({compile_cache.ENV_VAR: given})
+        if field == COMPILATION_CACHE_ENV:
+            compile_cache.from_env({COMPILATION_CACHE_ENV: given})
         else:
             compile_cache.enable(given)
     message = str(error.value)
@@ -144,7 +149,7 @@ def test_bad_threshold_is_refused(tmp_path):
 def test_unset_env_is_no_cache_and_imports_no_jax():
     code = (
         "import sys; from workloads.model import compile_cache as c; "
-        "print(repr(c.from_env({})), repr(c.from_env({c.ENV_VAR: ''})), 'jax' in sys.modules)"
+        "print(repr(c.from_env({})), repr(c.from_env({c.COMPILATION_CACHE_ENV: ''})), 'jax' in sys.modules)"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True

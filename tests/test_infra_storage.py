@@ -96,7 +96,7 @@ def _pods(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_every_ray_pod_has_the_service_account_and_the_slice_env(
+def test_every_ray_pod_has_the_service_account_the_slice_env_and_the_compile_cache(
     runs: dict[str, ProgramRun], stack: str
 ) -> None:
     objects = [r for r in runs[stack].resources if r.type in RAY_TYPES]
@@ -108,6 +108,9 @@ def test_every_ray_pod_has_the_service_account_and_the_slice_env(
                 env = {e["name"]: e["value"] for e in container["env"]}
                 assert env["RAYTPU_STACK"] == stack
                 assert env["RAYTPU_SLICE"] == resource.props["metadata"]["labels"]["ray-tpu/slice"]
+                # JAX's compilations on the stack's bucket: a restart or a new replica loads them.
+                cache = f"gs://{BUCKETS[stack][0]}/jax-compilation-cache"
+                assert env[entrypoints.COMPILATION_CACHE_ENV] == cache
 
 
 def test_rayjob_pods_too() -> None:
@@ -120,6 +123,7 @@ def test_rayjob_pods_too() -> None:
         assert pod["serviceAccountName"] == "ray-tpu"
         env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
         assert (env["RAYTPU_STACK"], env["RAYTPU_SLICE"]) == ("dev", "train")
+        assert env["RAYTPU_COMPILATION_CACHE_DIR"] == "gs://ray-tpu-dev-ckpt/jax-compilation-cache"
     runtime_env = yaml.safe_load(job.props["spec"]["runtimeEnvYAML"])
     assert runtime_env["env_vars"]["RAYTPU_CHECKPOINT_DIR"] == "gs://ray-tpu-dev-ckpt/run"
 

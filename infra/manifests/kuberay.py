@@ -34,6 +34,7 @@ from infra.manifests.ray_access import RAY_OBJECT_LABEL
 from raytpu.catalog import TPU_RESOURCE, TPU_TAINT_KEY, SliceShape
 from raytpu.entrypoints import (
     CHECKPOINT_ENV,
+    COMPILATION_CACHE_ENV,
     FALLBACK_KEY_ENV,
     LLM_IMPORT_PATH,
     SERVE_DEPLOYMENT,
@@ -41,6 +42,7 @@ from raytpu.entrypoints import (
     SERVE_IMPORT_PATH,
     SERVE_TPU_ENV,
     checkpoint_uri,
+    compilation_cache_uri,
     serve_env,
     slice_env,
 )
@@ -192,6 +194,12 @@ def _cluster_spec(
     ]
     if isinstance(obj, RayServiceConfig):
         env += secret_env(obj)
+    if stack.storage is not None:
+        # Workers and replicas keep JAX's compilations on the bucket: a restarted worker or a
+        # new replica loads them instead of compiling (workloads.model.compile_cache).
+        env.append(
+            {"name": COMPILATION_CACHE_ENV, "value": compilation_cache_uri(stack.storage.bucket)}
+        )
     spec = {
         "rayVersion": stack.ray_version,
         "authOptions": ray_auth.auth_options(stack.security.ray_auth, kind, obj.name),

@@ -19,12 +19,12 @@ Glossary:
 - **writer**: JAX writes entries from process 0 only (the others would race on GCS for the
   same keys); every process reads. A local folder on a multi-host slice is therefore seen by
   host 0 alone, and a new pod starts with an empty disk: on GKE the cache belongs on the
-  stack's bucket, ``gs://BUCKET/jax-compilation-cache`` (:func:`bucket_dir`).
+  stack's bucket, ``gs://BUCKET/jax-compilation-cache`` (:func:`raytpu.entrypoints.compilation_cache_uri`).
 - **errors**: a cache that cannot be read or written (a missing bucket, no permission) is a
   warning per compilation in JAX and the program compiles as without the cache; only a path
   that can never work (a bad bucket name, another scheme) is refused here, before JAX starts.
 
-Workers and replicas call :func:`from_env` (``RAYTPU_COMPILATION_CACHE_DIR``, :data:`ENV_VAR`)
+Workers and replicas call :func:`from_env` (``RAYTPU_COMPILATION_CACHE_DIR``, :data:`raytpu.entrypoints.COMPILATION_CACHE_ENV`)
 before their first ``jit`` call. This module imports jax only inside :func:`enable`: drivers
 import it without jax.
 """
@@ -36,27 +36,19 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from raytpu.entrypoints import COMPILATION_CACHE_ENV
 from raytpu.errors import invalid
 from raytpu.gcs_names import check_gs_path
 from workloads.storage import is_remote, quiet_clients
 
-ENV_VAR = "RAYTPU_COMPILATION_CACHE_DIR"
-"""The cache's directory for a worker or a replica; unset or empty: no cache."""
 FIELD = "compilation_cache_dir"
 """The name :func:`enable` gives a bad directory in its error."""
-CACHE_FOLDER = "jax-compilation-cache"
-"""The cache's folder in the stack's bucket, beside the runs' checkpoint folders."""
 MIN_COMPILE_TIME_S = 1.0
 """JAX's default threshold (``jax_persistent_cache_min_compile_time_secs``): programs compiled
 faster are not written. :func:`enable` keeps JAX's setting unless told otherwise."""
 VALID = "'' (no cache), a local directory, or gs://BUCKET/PATH (the stack's bucket on GKE)"
 
 logger = logging.getLogger(__name__)
-
-
-def bucket_dir(bucket: str) -> str:
-    """``gs://BUCKET/jax-compilation-cache``: where the stack's pods keep the cache."""
-    return f"gs://{bucket}/{CACHE_FOLDER}"
 
 
 def normalize(cache_dir: str, field: str = FIELD) -> str:
@@ -111,4 +103,4 @@ def from_env(environ: Mapping[str, str] | None = None) -> str:
     """:func:`enable` at ``$RAYTPU_COMPILATION_CACHE_DIR`` (a bad value's error names the
     variable); unset or empty: no cache. Returns the directory enabled, or ``""``."""
     environ = os.environ if environ is None else environ
-    return enable(environ.get(ENV_VAR, ""), field=ENV_VAR)
+    return enable(environ.get(COMPILATION_CACHE_ENV, ""), field=COMPILATION_CACHE_ENV)

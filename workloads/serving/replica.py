@@ -113,8 +113,10 @@ class TextGenerator:
     def __init__(self, checkpoint_dir: str, options: ServeOptions | None = None) -> None:
         # jax is imported in the replica, never in the driver.
         from workloads.model import byte_lm as model
+        from workloads.model import compile_cache
         from workloads.serving.replica_model import load_replica_model
 
+        compile_cache.from_env()  # before the first jit: a new replica loads the compilations
         self._options = options = options or ServeOptions()
         self._mesh = model.local_mesh()
         # Only the buckets a batch of at most max_batch_size requests can need.
