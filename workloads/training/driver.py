@@ -162,6 +162,9 @@ class RunPlan:
     pin: bool
     """Whether the workers also ask for the checked slice's own resource (see run_training)."""
     scale_payload: dict[str, Any] | None
+    family: Any
+    """A user's :class:`workloads.model.family.ModelFamily` (``run_training(..., family=...)``),
+    handed to every worker as it is; None: the byte LM or ``scale``'s preset."""
     log_dir: Path
     storage_path: str
     filesystem: Any
@@ -197,6 +200,7 @@ def run_training(
     name: str = "raytpu-train",
     on_progress: Callable[[TrainProgress], None] | None = None,
     scale: Any = None,
+    family: Any = None,
 ) -> TrainResult:
     """Train on ``num_slices`` slices of ``shape`` in the connected Ray cluster.
 
@@ -216,11 +220,16 @@ def run_training(
     ``storage_path`` (Ray Train's) defaults to a folder beside the checkpoint directory
     (:func:`workloads.storage.ray_train_storage`). ``on_progress`` is called (from a driver
     thread) with each new :class:`TrainProgress`. ``scale`` (a :class:`raytpu.presets.ScaleConfig`)
-    trains a preset on a hybrid mesh instead of the byte model (:mod:`workloads.training.multislice`). Raises :class:`TrainingError`, and
-    ``ValueError`` for a bad config before anything is reserved.
+    trains a preset on a hybrid mesh instead of the byte model (:mod:`workloads.training.multislice`).
+    ``family`` is the library entry point for a team's own JAX model: any object with the
+    training half of :class:`workloads.model.family.ModelFamily` (init, train step, mesh and
+    shardings, batches; see ``docs/workloads/own-model.md``), trained by the same worker loop
+    with everything above; its module is pickled by value, so the workers need not import it.
+    Raises :class:`TrainingError`, and ``ValueError`` for a bad config before anything is
+    reserved.
     """
     plan = _plan(
-        shape, run, num_slices, tpu_per_worker, scale, storage_path, name,
+        shape, run, num_slices, tpu_per_worker, scale, family, storage_path, name,
         reserve_timeout_s, start_timeout_s,
     )  # fmt: skip
     began = time.time()
@@ -235,6 +244,7 @@ def _plan(
     num_slices: int,
     tpu_per_worker: int | None,
     scale: Any,
+    family: Any,
     storage_path: str | None,
     name: str,
     reserve_timeout_s: float,
@@ -244,6 +254,8 @@ def _plan(
     from workloads.slices.reservation import ray_splits_slice
 
     run.validate(shape, num_slices)
+    if family is not None:
+        _check_family(family, scale, run)
     scale_payload = scale and multislice.driver_payload(shape, num_slices, run.global_batch, scale)
     tpu = int(tpu_per_worker or shape.chips_per_host)
     num_workers = shape.workers(tpu) * num_slices
@@ -271,9 +283,45 @@ def _plan(
     if storage_path is None:
         storage_path, filesystem = storage.ray_train_storage(run.checkpoint_dir)
     return RunPlan(
-        shape, run, num_slices, tpu, num_workers, bool(pin), scale_payload or None, log_dir,
-        storage_path, filesystem, name, reserve_timeout_s, start_timeout_s,
+        shape, run, num_slices, tpu, num_workers, bool(pin), scale_payload or None, family,
+        log_dir, storage_path, filesystem, name, reserve_timeout_s, start_timeout_s,
     )  # fmt: skip
+
+
+FAMILY_MEMBERS = (
+    "config", "flops_per_token", "init", "train_step", "mesh", "state_shardings",
+    "batch_sharding", "batches", "to_dict",
+)  # fmt: skip
+"""What the worker loop reads of a family (the training half of ``ModelFamily``)."""
+
+
+def _check_family(family: Any, scale: Any, run: TrainConfig) -> None:
+    """A user's family: every member the worker loop reads, not with ``scale`` or ``model``;
+    its module registered to be pickled by value (a driver script's module is not on the
+    workers' path)."""
+    import sys
+
+    import ray.cloudpickle
+
+    missing = [m for m in FAMILY_MEMBERS if not hasattr(family, m)]
+    if missing:
+        raise ValueError(
+            invalid(
+                "family",
+                type(family).__name__,
+                "an object with " + ", ".join(FAMILY_MEMBERS),
+                reason="missing " + ", ".join(missing),
+            )
+        )
+    for clash, value in (("scale", scale), ("train.model", run.model)):
+        if value:
+            raise ValueError(
+                invalid(clash, value, "unset with family= (the family is the model)")
+            )
+    module = sys.modules.get(type(family).__module__)
+    ours = ("workloads", "raytpu", "builtins")
+    if module is not None and module.__name__.split(".")[0] not in ours:
+        ray.cloudpickle.register_pickle_by_value(module)
 
 
 def _run_attempts(plan: RunPlan, board: Any, cordoned: ExitStack, progress: bool) -> Attempts:
@@ -334,6 +382,7 @@ def _trainer(
             "shape": shape,
             "run_name": plan.name,
             "scale": plan.scale_payload,
+            "family": plan.family,
         },
         scaling_config=ray.train.ScalingConfig(
             use_tpu=True,

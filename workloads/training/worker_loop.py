@@ -82,18 +82,22 @@ class WorkerLoop:
         import jax
         import ray
 
+        from workloads.model import compile_cache
         from workloads.model.checkpoint import open_checkpoints
         from workloads.model.family import family_for
         from workloads.training import checkpoint_tiers as tiers
 
         io.quiet_worker_logs()
+        compile_cache.from_env()  # before the first jit: a restart loads its compilations
         config = self.config
         self.run_cfg = run = TrainConfig.from_dict(config["train"])
         self.good = run.goodput
         self.plan = FaultPlan.from_config(config.get("faults", ()))
         self.skipped: list[int] = list(config.get("skip_data", ()))
         self.slow_hosts: dict[str, str] = dict(config.get("slow_hosts") or {})
-        self.family = family_for(multislice.family_spec(run.model, config.get("scale")))
+        self.family = config.get("family") or family_for(
+            multislice.family_spec(run.model, config.get("scale"))
+        )
         self.me, self.hosts = jax.process_index(), jax.process_count()
         self.board = config["board"]
         placement = io.my_placement()
