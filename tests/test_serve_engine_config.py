@@ -77,6 +77,26 @@ def test_engine_vllm_declares_a_ray_serve_llm_app_on_the_slice_s_chips(raw) -> N
     assert stack.image_for(stack.ray_clusters[0]) == stack.ray_image != stack.vllm_image
 
 
+def test_vllm_serves_an_exported_folder_from_the_stack_s_bucket(raw) -> None:
+    """``modelSource: gs://<stack bucket>/FOLDER`` (what ``raytpu train --export-to`` writes)
+    goes to Ray Serve LLM as it is: Ray 2.60 turns a remote path into its GCS mirror config
+    (``download_utils``: ``is_remote_path`` -> ``CloudMirrorConfig(bucket_uri=...)``), read by
+    the pods' service account, the one the stack grants that bucket."""
+    from ray.llm._internal.common.utils.cloud_utils import CloudMirrorConfig, is_remote_path
+
+    folder = "gs://ray-tpu-dev-ckpt/models/tiny-trained"
+    llm = {**LLM, "modelSource": folder}
+    stack = parse_config(_service(raw, engine="vllm", importPath=None, llm=llm))
+    service = stack.ray_services[0]
+    (app,) = yaml.safe_load(kuberay.serve_config_v2(stack, service))["applications"]
+    (config,) = app["args"]["llm_configs"]
+    source = config["model_loading_config"]["model_source"]
+    assert source == folder and is_remote_path(source)
+    assert CloudMirrorConfig(bucket_uri=source).storage_type == "gcs"
+    pod = kuberay.ray_service_spec(stack, service)["rayClusterConfig"]["headGroupSpec"]
+    assert pod["template"]["spec"]["serviceAccountName"] == stack.storage.service_account
+
+
 def test_fallback_reaches_the_replicas_and_its_key_comes_from_the_secret(raw) -> None:
     from workloads.serving.app import fallback_from_env
     from workloads.serving.fallback import FallbackConfig
@@ -156,6 +176,22 @@ BAD = [
         {"fallback": {**FALLBACK, "apiKeySecret": "sk-live-123"}},
         "fallback.apiKeySecret: 'sk-live-123' is not valid",
         "name/key of a Kubernetes secret",
+    ),
+    (
+        "model-source-other-bucket",
+        {"engine": "vllm", "importPath": None, "llm": {**LLM, "modelSource": "gs://elsewhere/m"}},
+        "llm.modelSource: 'gs://elsewhere/m' is not valid",
+        "the Ray pods' service account reads only gs://ray-tpu-dev-ckpt",
+    ),
+    (
+        "model-source-bucket-root",
+        {
+            "engine": "vllm",
+            "importPath": None,
+            "llm": {**LLM, "modelSource": "gs://ray-tpu-dev-ckpt"},
+        },
+        "llm.modelSource: 'gs://ray-tpu-dev-ckpt' is not valid",
+        "the folder (config.json, safetensors, tokenizer.json) is missing",
     ),
     (
         "vllm-on-the-worker-image",

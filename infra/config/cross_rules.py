@@ -182,3 +182,27 @@ def check_vllm_images(
             problems.bad(
                 path, image, "an image with the pinned vllm-tpu", f"{'; '.join(found)}; {fix}"
             )
+
+
+def check_model_sources(
+    problems: Problems, services: list[Any], bucket: str | None, where: Mapping[int, str]
+) -> None:
+    """A ``gs://`` ``llm.modelSource`` is a Hugging Face folder in the stack's own bucket: the
+    Ray pods' identity (Workload Identity) reads that bucket and no other, so vLLM would fail
+    to download from anywhere else, after the slice was up."""
+    for service in services:
+        llm = service.llm
+        if llm is None or not llm.model_source.startswith("gs://"):
+            continue
+        path = f"{where[id(service)]}.llm.modelSource"
+        found = llm.model_source.removeprefix("gs://").split("/", 1)
+        folder = found[1].strip("/") if len(found) > 1 else ""
+        valid = f"gs://{bucket}/FOLDER (the stack's bucket; `raytpu train --export-to` writes one)"
+        if bucket is None:
+            continue  # ray-tpu:storage has its own errors
+        if found[0] != bucket or not folder:
+            problems.bad(
+                path, llm.model_source, valid,
+                f"the Ray pods' service account reads only gs://{bucket}" if found[0] != bucket
+                else "the folder (config.json, safetensors, tokenizer.json) is missing",
+            )  # fmt: skip

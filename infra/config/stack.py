@@ -11,6 +11,7 @@ from typing import Any
 from infra.config.cluster import parse_cluster
 from infra.config.cross_rules import (
     check_gke_versions,
+    check_model_sources,
     check_pool_names,
     check_runtime,
     check_scale_to_zero,
@@ -119,6 +120,7 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
     check_runtime(problems, slices.parsed, objects.all, images.image, raw, where)
     check_vllm_images(problems, objects.services, images.vllm, images.ray_version, where)
     check_gke_versions(problems, cluster, slices.parsed)
+    check_model_sources(problems, objects.services, storage and storage.bucket, where)
     security = parse_security(
         problems,
         raw.get(f"{NAMESPACE}:security"),
