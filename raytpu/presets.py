@@ -31,6 +31,8 @@ BYTES_PER_PARAM_STATE = 16
 """fp32 master weights (4) + fp32 gradients (4) + AdamW first and second moments (4 + 4)."""
 HBM_HEADROOM = 0.9
 """Share of a chip's HBM a preset may plan for; the rest is XLA's scratch and fragmentation."""
+COMPUTE_DTYPES = ("bfloat16", "float32")
+"""A preset's valid ``dtype`` values (its matmuls' dtype)."""
 
 
 class PresetError(ValueError):
@@ -60,6 +62,16 @@ class Preset:
     published_params: int | None = None
     """The parameter count the mirrored public model states (None for ``tiny``)."""
     source: str = ""
+    rms_norm_eps: float = 1e-5
+    dtype: str = "bfloat16"
+    """The matmul (compute) dtype, one of :data:`COMPUTE_DTYPES`; parameters stay fp32.
+    ``float32`` for parity with a reference implementation."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in COMPUTE_DTYPES:
+            raise PresetError("dtype", self.dtype, ", ".join(COMPUTE_DTYPES), f"preset {self.name}")
+        if not self.rms_norm_eps > 0:
+            raise PresetError("rms_norm_eps", self.rms_norm_eps, "a number > 0")
 
     @property
     def head_dim(self) -> int:

@@ -3,8 +3,8 @@
 RMSNorm, rotary position embeddings, SwiGLU and grouped-query attention, with every parameter
 annotated with *logical* axes (MaxText's names: ``vocab``, ``embed``, ``heads``, ``kv_heads``,
 ``head_dim``, ``mlp``) that :mod:`workloads.model.sharding` maps onto the mesh. Parameters are fp32
-(the master weights the optimizer updates); matmuls run in bf16 (``dtype``); norms, softmax and
-the loss in fp32. Pure functions over immutable state, as :mod:`workloads.model.byte_lm` (the byte model,
+(the master weights the optimizer updates); matmuls run in the preset's ``dtype`` (bf16 by default,
+fp32 for parity with a reference); norms, softmax and the loss in fp32. Pure functions over immutable state, as :mod:`workloads.model.byte_lm` (the byte model,
 still the demo default): :func:`init_state`, :func:`loss_fn`, :func:`train_step`.
 """
 
@@ -20,8 +20,12 @@ from flax import struct
 
 from raytpu.presets import Preset
 
-COMPUTE_DTYPE = jnp.bfloat16
 PARAM_DTYPE = jnp.float32
+
+
+def compute_dtype(preset: Preset) -> Any:
+    """The preset's matmul dtype (``Preset.dtype``: bfloat16 by default)."""
+    return jnp.dtype(preset.dtype)
 
 
 def _init(axes: tuple[str, ...], scale: float = 0.02) -> Any:
@@ -30,6 +34,7 @@ def _init(axes: tuple[str, ...], scale: float = 0.02) -> Any:
 
 class RMSNorm(nn.Module):
     eps: float = 1e-5
+    dtype: Any = jnp.bfloat16
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -41,7 +46,11 @@ class RMSNorm(nn.Module):
         )
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (y * scale).astype(COMPUTE_DTYPE)
+        return (y * scale).astype(self.dtype)
+
+
+def norm(preset: Preset, name: str) -> RMSNorm:
+    return RMSNorm(eps=preset.rms_norm_eps, dtype=compute_dtype(preset), name=name)
 
 
 def rope(x: jax.Array, theta: float) -> jax.Array:
@@ -66,7 +75,7 @@ class Attention(nn.Module):
             return nn.DenseGeneral(
                 (heads, p.head_dim),
                 use_bias=False,
-                dtype=COMPUTE_DTYPE,
+                dtype=compute_dtype(p),
                 param_dtype=PARAM_DTYPE,
                 kernel_init=_init(("embed", axis, "head_dim")),
                 name=name,
@@ -81,13 +90,13 @@ class Attention(nn.Module):
         seq = x.shape[1]
         causal = jnp.tril(jnp.ones((seq, seq), bool))
         scores = jnp.where(causal[None, None], scores, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(scores, axis=-1).astype(COMPUTE_DTYPE)
+        weights = jax.nn.softmax(scores, axis=-1).astype(compute_dtype(p))
         out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
         return nn.DenseGeneral(
             p.d_model,
             axis=(-2, -1),
             use_bias=False,
-            dtype=COMPUTE_DTYPE,
+            dtype=compute_dtype(p),
             param_dtype=PARAM_DTYPE,
             kernel_init=_init(("heads", "head_dim", "embed")),
             name="o",
@@ -103,7 +112,7 @@ class SwiGLU(nn.Module):
             return nn.Dense(
                 features,
                 use_bias=False,
-                dtype=COMPUTE_DTYPE,
+                dtype=compute_dtype(self.preset),
                 param_dtype=PARAM_DTYPE,
                 kernel_init=_init(axes),
                 name=name,
@@ -119,8 +128,9 @@ class DecoderLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = x + Attention(self.preset, name="attention")(RMSNorm(name="attention_norm")(x))
-        return x + SwiGLU(self.preset, name="mlp")(RMSNorm(name="mlp_norm")(x))
+        p = self.preset
+        x = x + Attention(p, name="attention")(norm(p, "attention_norm")(x))
+        return x + SwiGLU(p, name="mlp")(norm(p, "mlp_norm")(x))
 
 
 class LlamaLM(nn.Module):
@@ -134,7 +144,7 @@ class LlamaLM(nn.Module):
         embed = nn.Embed(
             p.vocab_size,
             p.d_model,
-            dtype=COMPUTE_DTYPE,
+            dtype=compute_dtype(p),
             param_dtype=PARAM_DTYPE,
             embedding_init=_init(("vocab", "embed"), 1.0),
             name="embed",
@@ -142,14 +152,14 @@ class LlamaLM(nn.Module):
         x = embed(tokens)
         for index in range(p.n_layers):
             x = DecoderLayer(p, name=f"layer_{index}")(x)
-        x = RMSNorm(name="final_norm")(x)
+        x = norm(p, "final_norm")(x)
         if p.tie_embeddings:
             logits = embed.attend(x)
         else:
             logits = nn.Dense(
                 p.vocab_size,
                 use_bias=False,
-                dtype=COMPUTE_DTYPE,
+                dtype=compute_dtype(p),
                 param_dtype=PARAM_DTYPE,
                 kernel_init=_init(("embed", "vocab")),
                 name="head",
