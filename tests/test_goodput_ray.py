@@ -24,7 +24,9 @@ on every host), the run finished; then its checkpoint served over the OpenAI API
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gcs_fixture import gcs_or_skip
@@ -351,3 +353,157 @@ def test_the_emergency_checkpoint_is_in_the_durable_tier(preempted):
         assert _preemptions(result)[0].step in manager.all_steps()
     finally:
         manager.close()
+
+
+OWN_STEPS = 8
+OWN_KILLED_AT = 5
+OWN_FAST_EVERY = 2
+OWN_SLICE = "own-train"
+"""The run's ``slice`` label (``RAYTPU_SLICE`` on the driver, as the stack sets it): its series
+are told apart from the other runs' of this module."""
+SERIES_TIMEOUT_S = 40.0
+"""A worker reports its metrics to its node's agent every 10 s (Ray's default); the agent keeps
+a dead worker's series 120 s."""
+
+
+def _scrape() -> dict[str, list[dict[str, str]]]:
+    """Every alive Ray node's Prometheus export: series name -> each sample's labels."""
+    import urllib.request
+
+    import ray
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, list[dict[str, str]]] = {}
+    for node in ray.nodes():
+        if not node["Alive"]:
+            continue
+        url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            found.setdefault(family.name, []).extend(s.labels for s in family.samples)
+    return found
+
+
+def _own_series(labels: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Each series the run must leave (its PromQL name) -> the labels one sample must carry."""
+    from raytpu import metric_names as mn
+
+    worker = [mn.TRAIN_STEPS, mn.TRAIN_STEP_SECONDS, mn.TRAIN_LOSS, mn.TRAIN_TOKENS_PER_S]
+    wanted = {m.promql: labels for m in (*worker, mn.TRAIN_MFU, mn.TRAIN_GOODPUT)}
+    wanted[mn.CHECKPOINT_SECONDS.promql] = {**labels, "operation": "restore"}
+    for spec in (mn.TRAIN_FAULT_EVENTS, mn.TRAIN_RECOVERY_SECONDS):
+        wanted[spec.promql] = {**labels, "event_class": "host_loss"}
+    wanted[mn.ERRORS.promql] = {**labels, "workload": "train"}
+    return wanted
+
+
+def _missing(wanted: dict[str, dict[str, str]], found: dict[str, list[dict[str, str]]]):
+    return sorted(
+        name
+        for name, labels in wanted.items()
+        if not any(labels.items() <= sample.items() for sample in found.get(name, ()))
+    )
+
+
+def _series_until(wanted: dict[str, dict[str, str]]) -> dict[str, list[dict[str, str]]]:
+    """Scrape until every wanted series is there, or :data:`SERIES_TIMEOUT_S`."""
+    import time
+
+    deadline = time.monotonic() + SERIES_TIMEOUT_S
+    found = _scrape()
+    while _missing(wanted, found) and time.monotonic() < deadline:
+        time.sleep(1.0)
+        found = _scrape()
+    return found
+
+
+@dataclass(frozen=True)
+class OwnRun:
+    """The own-model run and what it left."""
+
+    result: Any
+    family: Any
+    run_s: float
+    wanted: dict[str, dict[str, str]]
+    """Each series the run must leave -> the labels one of its samples must carry."""
+    found: dict[str, list[dict[str, str]]]
+    series_s: float
+    """How long after the run every wanted series was there (or the timeout)."""
+
+
+@pytest.fixture(scope="module")
+def own_model_run(cluster, logs, tmp_path_factory):
+    """The example of ``docs/workloads/own-model.md`` (a Flax char GRU, not one of ours), imported
+    from a file as a user's script is and trained through ``run_training(..., family=...)``:
+    host 1 killed at step 5, the fast tier every 2 steps; then the run's metric series read from
+    every Ray node's Prometheus export (:class:`OwnRun`)."""
+    import os
+    import sys
+    import time
+
+    from test_own_model import doc_example
+
+    from raytpu import metric_names as mn
+    from workloads import telemetry
+    from workloads.training.config import TrainConfig
+    from workloads.training.driver import run_training
+
+    module = doc_example(tmp_path_factory.mktemp("own-model"), "own_char_gru")
+    goodput = GoodputConfig(
+        fast_every=OWN_FAST_EVERY, hang_floor_s=HANG_FLOOR_S, startup_timeout_s=120.0,
+        spike_k=100.0, faults=(f"kill-host@{OWN_KILLED_AT}:1",), log_dir=str(logs / "own-model"),
+    )  # fmt: skip
+    config = TrainConfig(
+        checkpoint_dir=f"gs://{BUCKET}/own-model", steps=OWN_STEPS, global_batch=16,
+        checkpoint_every=OWN_STEPS, log_every=100, goodput=goodput,
+    )  # fmt: skip
+    family = module.CharGRUFamily()
+    previous = os.environ.get(mn.SLICE_ENV)
+    os.environ[mn.SLICE_ENV] = OWN_SLICE
+    try:
+        labels = telemetry.labels_for(V6E_2X4_4T).tags()
+        began = time.monotonic()
+        result = run_training(V6E_2X4_4T, config, family=family, name="own-model")
+        seconds = time.monotonic() - began
+    finally:
+        if previous is None:
+            os.environ.pop(mn.SLICE_ENV, None)
+        else:
+            os.environ[mn.SLICE_ENV] = previous
+    wanted = _own_series(labels)
+    found = _series_until(wanted)
+    yield OwnRun(result, family, seconds, wanted, found, time.monotonic() - began - seconds)
+    sys.modules.pop(module.__name__, None)
+
+
+def test_own_model_run_recovers_the_killed_host_from_the_fast_tier(own_model_run):
+    from orbax.checkpoint import args as ocp_args
+
+    from workloads.model.checkpoint import open_checkpoints
+
+    result, family = own_model_run.result, own_model_run.family
+    print(f"own-model run: {own_model_run.run_s:.1f} s, series {own_model_run.series_s:.1f} s")
+    fast = OWN_KILLED_AT // OWN_FAST_EVERY * OWN_FAST_EVERY
+    assert [(e.kind, e.step) for e in result.events] == [("host_loss", OWN_KILLED_AT)]
+    (loss,) = result.events
+    assert loss.host in HOSTS and loss.action.endswith(f"resumed from the fast tier at step {fast}")
+    assert result.restores == (("none", 0), ("fast", fast)) and result.attempts == 2
+    assert result.final_step == result.latest_checkpoint == OWN_STEPS
+    assert result.last_loss < result.first_loss, result.losses
+    manager = open_checkpoints(result.checkpoint_dir)
+    try:
+        restored = manager.restore(OWN_STEPS, args=ocp_args.Composite(meta=ocp_args.JsonRestore()))
+    finally:
+        manager.close()
+    assert restored.meta == {"step": OWN_STEPS, **family.to_dict()}
+
+
+def test_own_model_run_leaves_its_telemetry_series(own_model_run):
+    """Process 0's step and checkpoint series, the driver's goodput, fault, recovery and error
+    series: each with the run's labels (stack, slice, generation, topology)."""
+    wanted, found = own_model_run.wanted, own_model_run.found
+    assert wanted["ray_raytpu_train_loss"] == {
+        "stack": "local", "slice": OWN_SLICE, "generation": "v6e", "topology": "2x4",
+    }  # fmt: skip
+    assert _missing(wanted, found) == []
