@@ -22,6 +22,7 @@ BENCHMARKS = (
     "serving_llm",
     "goodput",
     "compile_cache",
+    "llm_client",
 )
 DEFAULT = ("iac_scale", "reservation", "training", "serving")
 TIMEOUT_S = 1200.0

@@ -35,7 +35,16 @@ from workloads.serving.requests import (
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 MODELS = "/v1/models"
-COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "stream", "n", "user")
+COMPLETION_FIELDS = (
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "stream",
+    "stream_options",
+    "n",
+    "user",
+)
 CHAT_FIELDS = (
     "model",
     "messages",
@@ -43,6 +52,7 @@ CHAT_FIELDS = (
     "max_completion_tokens",
     "temperature",
     "stream",
+    "stream_options",
     "n",
     "user",
 )
@@ -59,6 +69,9 @@ class OpenAIRequest:
     model: str
     generate: GenerateRequest
     stream: bool
+    include_usage: bool = False
+    """``stream_options.include_usage``: one more event, ``choices: []`` and ``usage``, before
+    ``[DONE]`` (OpenAI's; benchmark clients such as AIPerf always send it when streaming)."""
 
 
 def route_of(path: str) -> str:
@@ -80,6 +93,7 @@ def parse(route: str, body: bytes, model: str) -> OpenAIRequest:
     stream = raw.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError(422, invalid("stream", stream, "true or false"))
+    include_usage = _include_usage(raw.get("stream_options"), stream)
     user = raw.get("user", "")
     if not isinstance(user, str) or len(user) > 256:
         raise RequestError(422, invalid("user", user, "a string of <= 256 chars"))
@@ -91,7 +105,33 @@ def parse(route: str, body: bytes, model: str) -> OpenAIRequest:
         tokens_field = "max_tokens"
     tokens = check_max_tokens(raw.get(tokens_field, DEFAULT_MAX_NEW_TOKENS), tokens_field)
     temperature = check_temperature(raw.get("temperature", DEFAULT_TEMPERATURE))
-    return OpenAIRequest(route, model, GenerateRequest(prompt, tokens, temperature), stream)
+    generate = GenerateRequest(prompt, tokens, temperature)
+    return OpenAIRequest(route, model, generate, stream, include_usage)
+
+
+def _include_usage(options: Any, stream: bool) -> bool:
+    """``stream_options`` as OpenAI has it: only with ``stream``, ``{"include_usage": bool}``
+    (``continuous_usage_stats``, vLLM's, is accepted and only ``false`` is)."""
+    if options is None:
+        return False
+    if not stream:
+        raise RequestError(422, invalid("stream_options", Clipped(options), "only with stream"))
+    valid = "an object with include_usage: true or false"
+    if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
+        raise RequestError(422, invalid("stream_options", Clipped(options), valid))
+    if options.get("continuous_usage_stats", False) is not False:
+        raise RequestError(
+            422,
+            invalid(
+                "stream_options.continuous_usage_stats",
+                options["continuous_usage_stats"],
+                "false",
+            ),
+        )
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise RequestError(422, invalid("stream_options.include_usage", include, "true or false"))
+    return include
 
 
 def render_chat(messages: Any) -> str:
@@ -193,6 +233,10 @@ class Completion:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
             payload = {**self._base("text_completion"), "choices": [choice]}
         event = f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+        if last and self.request.include_usage:
+            kind = "chat.completion.chunk" if self.request.route == CHAT else "text_completion"
+            usage = {**self._base(kind), "choices": [], "usage": self._usage(self.tokens)}
+            event += f"data: {json.dumps(usage)}\n\n"
         if last:
             event += "data: [DONE]\n\n"
         return event.encode("utf-8")
