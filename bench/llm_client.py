@@ -49,7 +49,7 @@ CLIENT_VERSION = "0.13.0"
 MODEL = "raytpu-byte-lm"
 ENDPOINTS = ("completions", "chat")
 APPS = ("cache on", "cache off", "floor")
-BOX = set("┏┃┡│└━┗╇┓┩┛┘┌├┼┤╭╰─")
+BOX = set("┏┃┡│└━┗╇")
 RUN_TIMEOUT_S = 240.0
 
 
@@ -106,6 +106,9 @@ def client_command(
         str(profile.seed),
         "--workers-max",
         "2",
+        # Token counts from our usage event: the byte LM emits raw bytes, and the text a client
+        # sees has U+FFFD (3 bytes) for each invalid sequence, so re-tokenizing it overcounts.
+        "--use-server-token-count",
         "--ui-type",
         "none",
         "--artifact-dir",
@@ -123,6 +126,8 @@ KEY_METRICS = {
     "completed": ("request_count", "avg"),
     "errors": ("error_request_count", "avg"),
 }
+"""Side-by-side key -> (AIPerf metric tag, statistic); ``error_request_count`` is absent when
+no request failed."""
 TO_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}
 
 
@@ -142,16 +147,19 @@ def key_numbers(export: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
-def client_table(stdout: str) -> str:
-    """AIPerf's own report table(s) out of its console output: the title line above the first
-    box-drawn line, then every box-drawn line (log lines between them dropped)."""
-    lines = stdout.splitlines()
-    boxed = [i for i, line in enumerate(lines) if line.strip() and line.strip()[0] in BOX]
-    if not boxed:
-        return ""
-    first = boxed[0]
-    title = [lines[first - 1]] if first > 0 and lines[first - 1].strip() else []
-    return "\n".join(line.rstrip() for line in title + [lines[i] for i in boxed])
+def client_table(stdout: str, metric: str = "Time to First Token") -> str:
+    """AIPerf's own report table out of its console output: the box-drawn table (``┏`` .. ``┘``)
+    that has a ``metric`` row (its LLM metrics: TTFT, ITL, throughput), else its first table;
+    the log lines, the other tables and the warning panels are dropped."""
+    tables: list[list[str]] = []
+    for line in stdout.splitlines():
+        text = line.rstrip()
+        if text.lstrip().startswith("┏"):
+            tables.append([text])
+        elif tables and tables[-1][-1].lstrip()[:1] != "└" and text.lstrip()[:1] in BOX:
+            tables[-1].append(text)
+    chosen = [t for t in tables if any(metric in row for row in t)] or tables[:1]
+    return "\n".join(chosen[0]) if chosen else ""
 
 
 def write_tokenizer(directory: Path) -> Path:
@@ -300,7 +308,9 @@ def side_by_side(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
             f"/v1/{'chat/completions' if r['endpoint'] == 'chat' else 'completions'}",
             f"{r['rate']:g}",
             r["app"],
-            "error" if "error" in r else f"{_n(r.get('completed'), 0)}/{_n(r.get('errors'), 0)}",
+            "error"
+            if "error" in r
+            else f"{_n(r.get('completed'), 0)}/{_n(r.get('errors') or 0, 0)}",
             _s(r.get("ttftP50")),
             _s(r.get("ttftP99")),
             _s(r.get("itlP50")),

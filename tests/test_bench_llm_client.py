@@ -48,6 +48,7 @@ def test_client_command(endpoint, rate, profile, expected):
     assert command[:2] == ["aiperf", "profile"] and "--streaming" in command
     assert _flag(command, "--url") == "http://h:1/app0" and _flag(command, "--model") == MODEL
     assert _flag(command, "--tokenizer") == "/t" and _flag(command, "--artifact-dir") == "/o"
+    assert "--use-server-token-count" in command
     for name, value in expected.items():
         assert _flag(command, name) == value
 
@@ -97,22 +98,23 @@ def test_key_numbers_refuses_an_unknown_unit():
         lc.key_numbers({"time_to_first_token": {"unit": "fortnights", "p50": 1}})
 
 
+EFFECTIVE = (
+    "┏━━━━━━━━┳━━━━━┓\n┃ Metric ┃ avg ┃\n┡━━━━━━━━╇━━━━━┩\n│ ITL/u  │ 9   │\n└────────┴─────┘"
+)
+LLM = "┏━━━━━━━━┳━━━━━┓\n┃ Metric ┃ avg ┃\n┡━━━━━━━━╇━━━━━┩\n│ Time to First Token │ 80  │\n└────────┴─────┘"
+PANEL = "╭── Warning ──╮\n│  16 of 16   │\n╰─────────────╯"
+
+
 @pytest.mark.parametrize(
     ("stdout", "expected"),
     [
         ("no table here\n", ""),
         (
-            "INFO starting\n"
-            "          NVIDIA AIPerf | LLM Metrics\n"
-            "┏━━━━━━━━┳━━━━━┓\n"
-            "┃ Metric ┃ avg ┃\n"
-            "┡━━━━━━━━╇━━━━━┩\n"
-            "│ TTFT   │ 80  │\n"
-            "└────────┴─────┘\n"
-            "INFO exported to /tmp/x\n",
-            "          NVIDIA AIPerf | LLM Metrics\n┏━━━━━━━━┳━━━━━┓\n┃ Metric ┃ avg ┃\n"
-            "┡━━━━━━━━╇━━━━━┩\n│ TTFT   │ 80  │\n└────────┴─────┘",
+            f"INFO starting\n  NVIDIA AIPerf | LLM Metrics\n{EFFECTIVE}\n{LLM}\n{PANEL}\nINFO x\n",
+            LLM,
         ),
+        (f"{EFFECTIVE}\nINFO between\n{PANEL}\n", EFFECTIVE),
+        (f"{PANEL}\n{LLM}   \n", LLM),
     ],
 )
 def test_client_table(stdout, expected):
@@ -122,7 +124,7 @@ def test_client_table(stdout, expected):
 def test_side_by_side_rows():
     rows = lc.side_by_side(
         [
-            {"endpoint": "chat", "rate": 2.0, "app": "cache on", "completed": 16, "errors": 0,
+            {"endpoint": "chat", "rate": 2.0, "app": "cache on", "completed": 16, "errors": None,
              "ttftP50": 0.08, "ttftP99": 0.25, "itlP50": 0.004, "outputTokensPerS": 31.5,
              "requestsPerS": 1.9, "prefixHitRate": 0.75},
             {"endpoint": "completions", "rate": 4.0, "app": "floor", "error": "exited 1"},
