@@ -306,15 +306,21 @@ def mfu_estimate(
 
 @dataclass(frozen=True)
 class ScaleConfig:
-    """What to train at scale: a preset on a mesh (``run_training(..., scale=...)``)."""
+    """What to train at scale: a preset on a mesh (``run_training(..., scale=...)``), or with
+    ``init_from`` the Llama of a Hugging Face folder (local or ``gs://``: its ``config.json``
+    is the preset, its safetensors the first step's weights; :mod:`workloads.model.hf_llama`)."""
 
     preset: str = "tiny"
     mesh: MeshConfig = MeshConfig()
+    init_from: str = ""
 
-    def check(self, shape: SliceShape, num_slices: int, global_batch: int) -> MemoryEstimate:
-        """Raise :class:`PresetError` unless the preset divides over the mesh and fits the
-        slice's HBM at ``global_batch`` sequences per step; the memory estimate otherwise."""
-        model = preset(self.preset)
+    def check(
+        self, shape: SliceShape, num_slices: int, global_batch: int, model: Preset | None = None
+    ) -> MemoryEstimate:
+        """Raise :class:`PresetError` unless the preset (``model``: the one ``init_from``'s
+        config.json gives) divides over the mesh and fits the slice's HBM at ``global_batch``
+        sequences per step; the memory estimate otherwise."""
+        model = model or preset(self.preset)
         self.mesh.check(shape.chips, num_slices)
         divisible = (
             ("d_model", model.d_model, self.mesh.ici_fsdp, "mesh.ici_fsdp"),
@@ -337,16 +343,20 @@ class ScaleConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"preset": self.preset, "mesh": asdict(self.mesh)}
+        return {"preset": self.preset, "mesh": asdict(self.mesh), "init_from": self.init_from}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ScaleConfig:
-        unknown = set(raw) - {"preset", "mesh"}
+        unknown = set(raw) - {"preset", "mesh", "init_from"}
         if unknown:
-            raise PresetError("scale", sorted(unknown)[0], "preset, mesh")
+            raise PresetError("scale", sorted(unknown)[0], "preset, mesh, init_from")
         mesh_raw = dict(raw.get("mesh") or {})
         mesh_keys = {"dcn_data", "ici_data", "ici_fsdp", "ici_tensor"}
         if set(mesh_raw) - mesh_keys:
             bad = sorted(set(mesh_raw) - mesh_keys)[0]
             raise PresetError("scale.mesh", bad, ", ".join(sorted(mesh_keys)))
-        return cls(preset=str(raw.get("preset", "tiny")), mesh=MeshConfig(**mesh_raw))
+        return cls(
+            preset=str(raw.get("preset", "tiny")),
+            mesh=MeshConfig(**mesh_raw),
+            init_from=str(raw.get("init_from") or ""),
+        )

@@ -96,7 +96,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tensor",
         type=int,
         default=1,
-        help="with --preset: tensor-parallel chips inside a slice; FSDP takes the rest (default 1)",
+        help="with --preset or --init-from: tensor-parallel chips inside a slice; FSDP takes "
+        "the rest (default 1)",
+    )
+    parser.add_argument(
+        "--init-from",
+        metavar="FOLDER",
+        help="start from a Hugging Face Llama folder (config.json, safetensors, tokenizer.json; "
+        "local or gs://): its config is the preset, its weights the first step's; not with "
+        "--preset (docs/workloads/hugging-face.md)",
+    )
+    parser.add_argument(
+        "--export-to",
+        metavar="FOLDER",
+        help="with --preset or --init-from: after the run, its last checkpoint as a Hugging "
+        "Face folder (safetensors, config.json, tokenizer.json; local or gs://), what vLLM "
+        "and transformers load",
     )
     add_console_arguments(parser)
 
@@ -112,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with contextlib.ExitStack() as stack:
             storage = stack.enter_context(local_storage(args, (args.checkpoint_dir,)))
-            resumed = _check_resumable(args)
+            resumed = _check_resumable(args, plan.model)
             console = stack.enter_context(_console(args))
             if storage or resumed:
                 console.phase("; ".join(line for line in (resumed, storage) if line))
@@ -126,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
                 start_timeout_s=args.start_timeout,
                 scale=plan.scale,
             )
+            if args.export_to:
+                console.phase(f"exporting step {result.latest_checkpoint} to {args.export_to}")
+                _export(result.checkpoint_dir, args.export_to)
             console.table(_summary(args, plan, result))
     except (UsageError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -145,6 +163,9 @@ class _Plan:
     chosen: SliceChoice
     config: Any
     scale: Any
+    model: str | None
+    """The preset trained (``--preset``, or the one ``--init-from``'s config.json gives);
+    ``None``: the byte LM."""
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -178,10 +199,15 @@ def _plan(args: argparse.Namespace) -> _Plan:
     except ValueError as error:
         hint = f" (with --local: gs://{LOCAL_BUCKET}/NAME)" if args.local else ""
         raise UsageError(f"{error}{hint}") from None
-    return _Plan(chosen, config, scale)
+    model = args.preset
+    if scale is not None and scale.init_from:
+        from workloads.model import hf_llama
+
+        model = hf_llama.read_preset(scale.init_from).name
+    return _Plan(chosen, config, scale, model)
 
 
-def _check_resumable(args: argparse.Namespace) -> str:
+def _check_resumable(args: argparse.Namespace, model: str | None) -> str:
     """The run resumes from the directory's latest step: it must hold this model (a line saying
     where it resumes from; ``""`` for a fresh run, or on a cluster's ``gs://``, read there)."""
     directory = args.checkpoint_dir
@@ -189,7 +215,7 @@ def _check_resumable(args: argparse.Namespace) -> str:
         return ""
     from raytpu_cli.checkpoint_check import check_resumable, filesystem
 
-    found = check_resumable("--checkpoint-dir", directory, args.preset, filesystem(directory))
+    found = check_resumable("--checkpoint-dir", directory, model, filesystem(directory))
     if found.latest is None:
         return ""
     return f"checkpoint {directory}: resuming {found.model} from step {found.latest}"
@@ -236,7 +262,7 @@ def _summary(args: argparse.Namespace, plan: _Plan, result: Any) -> str:
         ("checkpoint", f"{result.checkpoint_dir} @ {result.latest_checkpoint}"),
     ]
     if plan.scale is not None:
-        rows.append(("preset", f"{plan.scale.preset} on mesh {result.scale.get('mesh')}"))
+        rows.append(("preset", f"{plan.model} on mesh {result.scale.get('mesh')}"))
     rows.append(
         (
             "goodput",
@@ -254,14 +280,41 @@ def _scale(args: argparse.Namespace, shape: Any, config: Any) -> Any:
     before anything starts."""
     from raytpu.presets import MeshConfig, PresetError, ScaleConfig
 
-    if args.preset is None:
-        if args.tensor != 1:
-            raise UsageError(f"--tensor: {args.tensor} needs --preset; valid: 1 without it")
+    if args.init_from and args.preset:
+        raise UsageError(
+            invalid(
+                "--preset", args.preset, "unset with --init-from (its config.json is the preset)"
+            )
+        )
+    if args.preset is None and not args.init_from:
+        given = (
+            ("--tensor", args.tensor, args.tensor != 1),
+            ("--export-to", args.export_to, args.export_to),
+        )
+        for flag, value, set_ in given:
+            if set_:
+                raise UsageError(invalid(flag, value, "unset without --preset or --init-from"))
         return None
     try:
         mesh = MeshConfig.fsdp_over(shape.chips, args.num_slices, tensor=args.tensor)
     except PresetError as error:  # the one fsdp_over raises: tensor does not divide the slice
         raise UsageError(invalid("--tensor", args.tensor, error.valid)) from None
+    if args.init_from:
+        from workloads.model import hf_llama
+
+        scale = ScaleConfig(mesh=mesh, init_from=args.init_from)
+        scale.check(
+            shape, args.num_slices, config.global_batch, hf_llama.read_preset(args.init_from)
+        )
+        return scale
     scale = ScaleConfig(preset=args.preset, mesh=mesh)
     scale.check(shape, args.num_slices, config.global_batch)
     return scale
+
+
+def _export(checkpoint_dir: str, folder: str) -> None:
+    """The run's last checkpoint as a Hugging Face folder, from this process (the Ray job's
+    driver: the head): one tensor at a time."""
+    from workloads.model import hf_llama
+
+    hf_llama.export_checkpoint(checkpoint_dir, folder)

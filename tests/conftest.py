@@ -46,6 +46,8 @@ _SET: dict[str, str] = {}
 def pytest_configure(config: pytest.Config) -> None:
     wanted = {
         "NO_GCE_CHECK": "true",
+        # Before gcsfs is imported: the emulator's client (workloads.sim.gcs_emulator).
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
         "JAX_COMPILATION_CACHE_DIR": "",
         "RAYTPU_LOG_DIR": "",
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",

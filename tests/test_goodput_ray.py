@@ -16,9 +16,13 @@ host's own working dir (fast tier). The faulty run, checked event by event:
 The clean run has the same spike (the same rollback, the same batch left out) and nothing else:
 both must end with the same parameters, bit for bit.
 
-And the ``tiny`` preset (FSDP over the slice's 8 chips) trained by the same worker loop:
-``kill-host@3:1`` and ``hang@6:1``, each recovered from the fast tier (the sharded state gathered
-on every host), the run finished; then its checkpoint served over the OpenAI API.
+And a Hugging Face Llama: a tiny one with random weights made by ``transformers`` (its Flax
+Llama, safetensors) and the corpus's ``tokenizer.json``, in the bucket; imported
+(``scale.init_from``: its config.json is the ``tiny`` preset's shape, FSDP over the slice's 8
+chips, each host reading only its shards) and trained by the same worker loop: ``kill-host@3:1``
+and ``hang@6:1``, each recovered from the fast tier (the sharded state gathered on every host),
+the run finished; then exported back to a Hugging Face folder in the bucket and that folder
+served over the OpenAI API.
 """
 
 from __future__ import annotations
@@ -164,11 +168,46 @@ def test_a_lost_slice_is_replaced_whole_and_the_run_resumes_from_the_durable_tie
 
 
 PRESET_STEPS = 8
+HF_SOURCE = f"gs://{BUCKET}/hf/tiny"
+HF_TRAINED = f"gs://{BUCKET}/hf/tiny-trained"
 
 
 @pytest.fixture(scope="module")
-def preset_run(cluster, logs):
-    """The tiny preset: host 1 killed at step 3, host 1 hung at step 6 (fast tier every 2)."""
+def hf_source(cluster, tmp_path_factory) -> str:
+    """``transformers``' random tiny Llama (the ``tiny`` preset's shape) and the corpus's BPE
+    tokenizer, saved as its ``save_pretrained`` writes them and copied to the bucket."""
+    import gcsfs
+    import transformers
+
+    from raytpu.presets import preset
+    from workloads.data.corpus import load_corpus
+    from workloads.data.text_data import tokenizer_json
+
+    tiny = preset("tiny")
+    config = transformers.LlamaConfig(
+        vocab_size=tiny.vocab_size, hidden_size=tiny.d_model, intermediate_size=tiny.d_ff,
+        num_hidden_layers=tiny.n_layers, num_attention_heads=tiny.n_heads,
+        num_key_value_heads=tiny.n_kv_heads, max_position_embeddings=tiny.seq_len,
+        rope_theta=tiny.rope_theta, tie_word_embeddings=False,
+    )  # fmt: skip
+    folder = tmp_path_factory.mktemp("hf") / "tiny"
+    transformers.FlaxLlamaForCausalLM(config, seed=0).save_pretrained(
+        folder, safe_serialization=True
+    )
+    (folder / "tokenizer.json").write_text(tokenizer_json(load_corpus(), tiny.vocab_size))
+    bucket = gcsfs.GCSFileSystem(token="anon")
+    for path in sorted(folder.iterdir()):
+        bucket.put_file(str(path), f"{HF_SOURCE}/{path.name}")
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
+        name.rsplit("/", 1)[-1] for name in bucket.ls(HF_SOURCE, refresh=True)
+    }
+    return HF_SOURCE
+
+
+@pytest.fixture(scope="module")
+def preset_run(cluster, logs, hf_source):
+    """The Hugging Face tiny Llama imported: host 1 killed at step 3, host 1 hung at step 6
+    (fast tier every 2)."""
     from raytpu.presets import MeshConfig, ScaleConfig
     from workloads.training.config import TrainConfig
     from workloads.training.driver import run_training
@@ -181,8 +220,17 @@ def preset_run(cluster, logs):
         checkpoint_dir=f"gs://{BUCKET}/preset", steps=PRESET_STEPS, global_batch=16,
         checkpoint_every=PRESET_STEPS, log_every=100, goodput=goodput,
     )  # fmt: skip
-    scale = ScaleConfig("tiny", MeshConfig.fsdp_over(V6E_2X4_4T.chips))
+    scale = ScaleConfig(mesh=MeshConfig.fsdp_over(V6E_2X4_4T.chips), init_from=hf_source)
     return run_training(V6E_2X4_4T, config, scale=scale, name="preset")
+
+
+@pytest.fixture(scope="module")
+def hf_trained(preset_run) -> str:
+    """The run's last checkpoint exported to a Hugging Face folder in the bucket."""
+    from workloads.model import hf_llama
+
+    hf_llama.export_checkpoint(preset_run.checkpoint_dir, HF_TRAINED)
+    return HF_TRAINED
 
 
 RECOVERIES = {
@@ -212,9 +260,31 @@ def test_a_killed_host_and_a_hang_are_recovered_from_the_fast_tier(request, fami
         assert result.scale["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
 
 
-def test_the_preset_run_s_checkpoint_is_served_over_the_openai_api(preset_run):
-    """What the preset run left in the bucket, served by Ray Serve on a host of the slice and
-    asked through the ``openai`` client: completions and chat, from the run's last step."""
+def test_the_imported_model_trained_from_its_weights_and_was_exported(hf_source, hf_trained):
+    """The exported folder is the source's shape and tokenizer, its weights moved by training
+    but only as far as 8 AdamW steps move them (lr 3e-3): a run that had started from its own
+    random init (embeddings of std 1, not transformers' 0.02) would be far off."""
+    import dataclasses
+
+    import jax
+    import numpy as np
+
+    from workloads.model import hf_llama
+
+    source, trained = hf_llama.load_family(hf_source), hf_llama.load_family(hf_trained)
+    same_shape = dataclasses.replace(trained.preset, name="tiny", source=source.preset.source)
+    assert same_shape == source.preset and trained.tokenizer == source.tokenizer
+    before = hf_llama.load_params(hf_source, source.preset)
+    after = hf_llama.load_params(hf_trained, trained.preset)
+    moved = [float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))
+             for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before), strict=True)]  # fmt: skip
+    assert 0 < max(moved) < 0.05, moved
+
+
+def test_the_exported_folder_is_served_over_the_openai_api(hf_trained):
+    """The Hugging Face folder the run exported, served by Ray Serve on a host of the slice
+    and asked through the ``openai`` client: completions (greedy: the tokens the folder's own
+    weights give here) and chat."""
     import openai
 
     from workloads.serving import app as serving
@@ -223,7 +293,7 @@ def test_the_preset_run_s_checkpoint_is_served_over_the_openai_api(preset_run):
 
     options = ServeOptions(max_batch_size=1, prefix_cache=False, precompile=False)
     application = serving.build_app(
-        preset_run.checkpoint_dir,
+        hf_trained,
         tpu_per_replica=V6E_2X4_4T.chips_per_host,
         num_replicas=1,
         options=options,
@@ -235,14 +305,24 @@ def test_the_preset_run_s_checkpoint_is_served_over_the_openai_api(preset_run):
         done = client.completions.create(
             model=options.model_name, prompt="The station", max_tokens=5, temperature=0
         )
-        assert done.usage.completion_tokens == 5 and done.choices[0].text
-        assert done.model_extra["raytpu"]["checkpoint_step"] == preset_run.final_step
+        assert done.usage.completion_tokens == 5
+        assert done.choices[0].text == _greedy(hf_trained, "The station", 5)
         chat = client.chat.completions.create(
             model=options.model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
         )
         assert chat.choices[0].message.role == "assistant"
     finally:
         serving.shutdown()
+
+
+def _greedy(folder: str, prompt: str, tokens: int) -> str:
+    """``tokens`` greedy tokens after ``prompt`` from the folder's weights, in this process."""
+    from workloads.model import hf_llama
+    from workloads.serving.engine.sampler import Sampler
+
+    family = hf_llama.load_family(folder)
+    params = hf_llama.load_params(folder, family.preset)
+    return Sampler(family, params, family.config.seq_len).complete(prompt, tokens, 0.0, seed=0)
 
 
 def test_lost_host_resumes_from_the_fast_tier_of_its_peer(runs):

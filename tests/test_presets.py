@@ -174,7 +174,18 @@ CLI_REFUSALS = {
         ["--preset", "tiny", "--tensor", "3"],
         "--tensor: 3 is not valid; valid: a divisor of the slice's 8 chips",
     ),
-    "tensor-without-preset": (["--tensor", "2"], "--tensor: 2 needs --preset"),
+    "tensor-without-preset": (
+        ["--tensor", "2"],
+        "--tensor: 2 is not valid; valid: unset without --preset or --init-from",
+    ),
+    "export-without-preset": (
+        ["--export-to", "gs://b/hf"],
+        "--export-to: 'gs://b/hf' is not valid; valid: unset without --preset or --init-from",
+    ),
+    "init-from-and-preset": (
+        ["--preset", "tiny", "--init-from", "gs://b/hf"],
+        "--preset: 'tiny' is not valid; valid: unset with --init-from",
+    ),
 }
 
 

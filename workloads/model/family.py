@@ -160,6 +160,14 @@ class Llama:
 
         return nn.meta.unbox(llama.init_state(self.preset, rng))
 
+    def state_from(self, params: Any) -> llama.TrainState:
+        """Step 0 of given parameters (a Hugging Face checkpoint's) with a new optimizer state."""
+        return llama.TrainState(
+            step=jax.numpy.zeros((), jax.numpy.int32),
+            params=params,
+            opt_state=llama.optimizer().init(params),
+        )
+
     def loss(self, params: Any, batch: jax.Array) -> jax.Array:
         return llama.loss_fn(params, self.preset, batch)
 

@@ -32,13 +32,14 @@ def load_replica_model(
 ) -> ReplicaModel:
     """The latest checkpoint's parameters replicated over ``mesh`` and what decodes them;
     ``options`` (:class:`workloads.serving.replica.ServeOptions`) says how the byte LM's prefix
-    cache is sized and whether every bucket is compiled now."""
+    cache is sized and whether every bucket is compiled now. ``checkpoint_dir`` is a run's
+    Orbax directory or a Hugging Face Llama folder (``config.json`` and safetensors, local or
+    ``gs://``: :mod:`workloads.model.hf_llama`; its step is 0)."""
     from workloads.model import byte_lm as model
-    from workloads.model.checkpoint import restore_params
     from workloads.model.family import ByteLM
     from workloads.serving.engine.sampler import Sampler
 
-    params, family, step = restore_params(checkpoint_dir, sharding=model.replicated(mesh))
+    params, family, step = _restore(checkpoint_dir, model.replicated(mesh))
     if family.name != ByteLM.name:  # a preset: the family's decode step over its window
         return ReplicaModel(family, step, sampler=Sampler(family, params, family.config.seq_len))
     return ReplicaModel(
@@ -46,6 +47,20 @@ def load_replica_model(
         step,
         engine=_engine(params, family.config, mesh, buckets, options, on_prefix, max_new_tokens),
     )
+
+
+def _restore(checkpoint_dir: str, replicated: Any) -> tuple[Any, Any, int]:
+    """(params, family, step) of an Orbax run directory or of a Hugging Face folder."""
+    import jax
+
+    from workloads.model import hf_llama
+    from workloads.model.checkpoint import orbax_path, restore_params
+
+    if (orbax_path(checkpoint_dir) / hf_llama.CONFIG).exists():
+        family = hf_llama.load_family(checkpoint_dir)
+        params = hf_llama.load_params(checkpoint_dir, family.preset)
+        return jax.device_put(params, replicated), family, 0
+    return restore_params(checkpoint_dir, sharding=replicated)
 
 
 def _engine(

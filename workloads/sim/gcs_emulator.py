@@ -31,8 +31,15 @@ from pathlib import Path
 
 from raytpu import processes
 
-EMULATOR_ENV_VARS = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")
+EMULATOR_URL_VARS = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")
 """What points gcsfs / google-cloud-storage and tensorstore at an emulator instead of GCS."""
+EMULATOR_SETTINGS = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+"""gcsfs >= 2026's default client asks the Storage Control API (gRPC) each bucket's layout
+before many calls; the emulator has no such API, so every ask retried for 60 s and was not
+cached. Off, gcsfs uses its JSON-API client, the one the emulator speaks (read by gcsfs at
+import: set before it is imported, which every simulated host's environment is)."""
+EMULATOR_ENV_VARS = (*EMULATOR_URL_VARS, *EMULATOR_SETTINGS)
+"""Every variable :attr:`GcsEmulator.env` sets."""
 START_TIMEOUT_S = 20.0
 REQUEST_TIMEOUT_S = 10.0
 
@@ -84,7 +91,7 @@ class GcsEmulator:
 
     @property
     def env(self) -> Mapping[str, str]:
-        return dict.fromkeys(EMULATOR_ENV_VARS, self.url)
+        return {**dict.fromkeys(EMULATOR_URL_VARS, self.url), **EMULATOR_SETTINGS}
 
     def start(self) -> GcsEmulator:
         binary = _binary()

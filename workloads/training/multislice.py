@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 from raytpu.catalog import SliceShape
-from raytpu.presets import ScaleConfig, preset
+from raytpu.presets import Preset, ScaleConfig, preset
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +42,13 @@ def driver_payload(
     shape: SliceShape, num_slices: int, global_batch: int, scale: ScaleConfig
 ) -> dict[str, Any]:
     """Checks the preset against the slices (raises :class:`raytpu.presets.PresetError`) and
-    trains the tokenizer once, on the driver, for every worker."""
-    from workloads.data.corpus import load_corpus
-    from workloads.data.text_data import tokenizer_json
-
-    estimate = scale.check(shape, num_slices, global_batch)
+    trains the tokenizer once, on the driver, for every worker; with ``scale.init_from`` the
+    preset and the tokenizer are the Hugging Face folder's (``config.json``, ``tokenizer.json``)."""
+    model, tokenizer = _model_and_tokenizer(scale)
+    estimate = scale.check(shape, num_slices, global_batch, model)
     logger.info(
         "preset %s on %d x %s, mesh %s: %s per chip",
-        scale.preset,
+        model.name,
         num_slices,
         shape.name,
         scale.mesh.shape,
@@ -57,10 +56,23 @@ def driver_payload(
     )
     return {
         **scale.to_dict(),
+        "model": model.to_dict(),
         "num_slices": num_slices,
         "hosts_per_slice": shape.hosts,
-        "tokenizer": tokenizer_json(load_corpus(), preset(scale.preset).vocab_size),
+        "tokenizer": tokenizer,
     }
+
+
+def _model_and_tokenizer(scale: ScaleConfig) -> tuple[Preset, str]:
+    if scale.init_from:
+        from workloads.model import hf_llama
+
+        return hf_llama.read_preset(scale.init_from), hf_llama.read_tokenizer(scale.init_from)
+    from workloads.data.corpus import load_corpus
+    from workloads.data.text_data import tokenizer_json
+
+    model = preset(scale.preset)
+    return model, tokenizer_json(load_corpus(), model.vocab_size)
 
 
 def megascale_env(num_slices: int, process_index: int, hosts_per_slice: int) -> dict[str, str]:
@@ -94,7 +106,7 @@ def family_spec(model: dict[str, Any], payload: dict[str, Any] | None) -> dict[s
         return {"family": "byte-lm", "model": dict(model)}
     return {
         "family": "llama",
-        "model": preset(payload["preset"]).to_dict(),
+        "model": payload.get("model") or preset(payload["preset"]).to_dict(),
         "tokenizer": payload["tokenizer"],
         "mesh": payload["mesh"],
         "hosts_per_slice": payload["hosts_per_slice"],

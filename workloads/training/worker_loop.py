@@ -123,7 +123,7 @@ class WorkerLoop:
             on_hang=self.on_hang,
         ).start()
         self.compile()
-        self.state = self.init()
+        self.state = self.init_fn(jax.random.PRNGKey(run.seed))  # restore's shapes, shardings
         self.manager = open_checkpoints(run.checkpoint_dir)
         self.meter = telemetry.TrainTelemetry.from_config(
             config.get("telemetry"),
@@ -139,7 +139,7 @@ class WorkerLoop:
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
-        state = self.family.state_shardings(self.mesh)
+        self.state_shardings = state = self.family.state_shardings(self.mesh)
         self.batch_sharding = self.family.batch_sharding(self.mesh)
         replicated = NamedSharding(self.mesh, P())
         self.init_fn = jax.jit(self.family.init, out_shardings=state)
@@ -150,9 +150,19 @@ class WorkerLoop:
         )
 
     def init(self) -> Any:
+        """The state of a run with no checkpoint yet: the family's init or, for a preset with
+        ``scale.init_from``, the Hugging Face folder's weights (each host reading only its
+        shards) and a new optimizer state."""
         import jax
 
-        return self.init_fn(jax.random.PRNGKey(self.run_cfg.seed))
+        folder = (self.config.get("scale") or {}).get("init_from")
+        if not folder:
+            return self.init_fn(jax.random.PRNGKey(self.run_cfg.seed))
+        from workloads.model import hf_llama
+
+        shardings = self.state_shardings
+        params = hf_llama.load_params(folder, self.family.preset, shardings.params)
+        return jax.jit(self.family.state_from, out_shardings=shardings)(params)
 
     # ------------------------------------------------------------------------------ restore
     def restore(self, at_most: int | None) -> tuple[Any, Any, list[float]]:
