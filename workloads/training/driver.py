@@ -315,9 +315,7 @@ def _check_family(family: Any, scale: Any, run: TrainConfig) -> None:
         )
     for clash, value in (("scale", scale), ("train.model", run.model)):
         if value:
-            raise ValueError(
-                invalid(clash, value, "unset with family= (the family is the model)")
-            )
+            raise ValueError(invalid(clash, value, "unset with family= (the family is the model)"))
     module = sys.modules.get(type(family).__module__)
     ours = ("workloads", "raytpu", "builtins")
     if module is not None and module.__name__.split(".")[0] not in ours:
