@@ -19,6 +19,7 @@ import os
 import platform
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -223,3 +224,22 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def run_child(
+    command: Sequence[str], what: str, timeout_s: float, env: dict[str, str] | None = None
+) -> str:
+    """A benchmark's child interpreter run from the repository root: its stdout, or
+    ``RuntimeError`` naming ``what`` with the tail of its stderr."""
+    done = subprocess.run(
+        list(command),
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} exited {done.returncode}:\n{done.stderr[-4000:]}")
+    return done.stdout

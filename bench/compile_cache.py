@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -110,21 +109,10 @@ def run_child(cache_dir: str, min_compile_time_s: float, env: dict[str, str]) ->
     command = [sys.executable, "-m", "bench.compile_cache", "--child", cache_dir]
     command += ["--min-compile-time", str(min_compile_time_s)]
     began = time.perf_counter()
-    done = subprocess.run(
-        command,
-        cwd=_common.REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-        check=False,
+    stdout = _common.run_child(
+        command, f"bench.compile_cache child ({cache_dir or 'no cache'})", CHILD_TIMEOUT_S, env
     )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"bench.compile_cache child ({cache_dir or 'no cache'}) exited {done.returncode}: "
-            f"{done.stderr[-3000:]}"
-        )
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(stdout.strip().splitlines()[-1])
     return {**result, "processS": time.perf_counter() - began}
 
 

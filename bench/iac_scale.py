@@ -26,7 +26,6 @@ import contextlib
 import io
 import json
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -182,19 +181,8 @@ def run_child(slices: int, repeats: int, timeout_s: float = CHILD_TIMEOUT_S) -> 
         "--repeats",
         str(repeats),
     ]
-    done = subprocess.run(
-        command,
-        cwd=_common.REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"iac_scale child for {slices} slices exited {done.returncode}:\n{done.stderr[-4000:]}"
-        )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    stdout = _common.run_child(command, f"iac_scale child for {slices} slices", timeout_s)
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def run(

@@ -221,21 +221,12 @@ def run_client(command: list[str], out: Path) -> dict[str, Any]:
 @contextlib.contextmanager
 def serving_apps(checkpoint_dir: str) -> Iterator[dict[str, str]]:
     """The three apps of :mod:`bench.serving_llm` up side by side: label -> base URL."""
-    from bench.serving import REPLICA_TPU, _serve_slice, serve_shape
-    from bench.serving_llm import floor_deployment
-    from workloads.serving.app import build_app, deploy, shutdown
-    from workloads.serving.replica import ServeOptions
+    from bench.serving import _serve_slice, serve_shape
+    from bench.serving_llm import cache_apps
+    from workloads.serving.app import deploy, shutdown
     from workloads.sim.local_cluster import LocalSliceCluster
 
-    apps = {
-        "cache on": build_app(
-            checkpoint_dir, tpu_per_replica=REPLICA_TPU, options=ServeOptions(shared_prefix=False)
-        ),
-        "cache off": build_app(
-            checkpoint_dir, tpu_per_replica=REPLICA_TPU, options=ServeOptions(prefix_cache=False)
-        ),
-        "floor": floor_deployment(),
-    }
+    apps = cache_apps(checkpoint_dir, ("cache on", "cache off", "floor"))
     with LocalSliceCluster([_serve_slice(serve_shape())]) as cluster:
         _common.progress(f"cluster up in {cluster.start_seconds:.1f} s")
         port = _common.free_port()

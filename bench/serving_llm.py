@@ -175,21 +175,37 @@ def _hit_rate(before: dict[str, Any] | None, after: dict[str, Any] | None) -> fl
     return hits / (hits + misses) if hits + misses else None
 
 
-def traffic(checkpoint_dir: str, rates: Sequence[float], duration_s: float, seed: int) -> list:
-    from workloads.serving.app import build_app, deploy, shutdown
+def cache_apps(checkpoint_dir: str, labels: Sequence[str]) -> dict[str, Any]:
+    """``labels`` (cache on, cache off, floor) -> the three applications measured side by
+    side: the built-in app with the prefix cache on and off, and the trivial floor."""
+    from workloads.serving.app import build_app
     from workloads.serving.replica import ServeOptions
+
+    on, off, floor = labels
+    return {
+        on: build_app(
+            checkpoint_dir, tpu_per_replica=REPLICA_TPU, options=ServeOptions(shared_prefix=False)
+        ),
+        off: build_app(
+            checkpoint_dir, tpu_per_replica=REPLICA_TPU, options=ServeOptions(prefix_cache=False)
+        ),
+        floor: floor_deployment(),
+    }
+
+
+def traffic(checkpoint_dir: str, rates: Sequence[float], duration_s: float, seed: int) -> list:
+    from workloads.serving.app import deploy, shutdown
     from workloads.sim.local_cluster import LocalSliceCluster
 
     shape = serve_shape()
-    apps = {
-        "built-in, prefix cache on": build_app(
-            checkpoint_dir, tpu_per_replica=REPLICA_TPU, options=ServeOptions(shared_prefix=False)
+    apps = cache_apps(
+        checkpoint_dir,
+        (
+            "built-in, prefix cache on",
+            "built-in, prefix cache off",
+            "trivial Serve deployment (floor)",
         ),
-        "built-in, prefix cache off": build_app(
-            checkpoint_dir, tpu_per_replica=REPLICA_TPU, options=ServeOptions(prefix_cache=False)
-        ),
-        "trivial Serve deployment (floor)": floor_deployment(),
-    }
+    )
     names = {label: f"app{i}" for i, label in enumerate(apps)}
     rows = []
     with LocalSliceCluster([_serve_slice(shape)]) as cluster:

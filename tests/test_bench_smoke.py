@@ -181,3 +181,24 @@ def test_serving_llm_trace_is_seeded_poisson_with_shared_system_prompts():
         {"hits": {"device": 1, "host": 0, "shared": 0}, "misses": 3},
         {"hits": {"device": 7, "host": 1, "shared": 0}, "misses": 5},
     ) == pytest.approx(7 / 9)
+
+
+CHILDREN = {
+    "ok": ("print('{\"a\": 1}')", None),
+    "failed": (
+        "import sys; print('boom', file=sys.stderr); sys.exit(3)",
+        "child x exited 3:\nboom",
+    ),
+}
+
+
+@pytest.mark.parametrize(("code", "error"), CHILDREN.values(), ids=CHILDREN)
+def test_run_child_returns_stdout_or_names_the_child_with_its_stderr(code, error):
+    import sys
+
+    if error is None:
+        assert _common.run_child([sys.executable, "-c", code], "child x", 60) == '{"a": 1}\n'
+        return
+    with pytest.raises(RuntimeError) as caught:
+        _common.run_child([sys.executable, "-c", code], "child x", 60)
+    assert str(caught.value).strip() == error
