@@ -30,7 +30,7 @@ from gcs_fixture import gcs_or_skip
 from raytpu.presets import PRESETS, Preset, PresetError
 from workloads.data.corpus import load_corpus
 from workloads.data.text_data import tokenizer_json
-from workloads.model import hf_llama, llama
+from workloads.model import hf_files, hf_llama, hf_weights, llama
 from workloads.model.family import Llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -278,7 +278,7 @@ def counted(monkeypatch) -> CountingReads:
 def test_a_load_without_shardings_reads_each_weight_once(reference, counted):
     preset = reference.preset
     hf_llama.load_params(str(reference.folder), preset)
-    sizes = {t.key("flax"): int(np.prod(t.shape)) for t in hf_llama.tensors(preset)}
+    sizes = {t.key("flax"): int(np.prod(t.shape)) for t in hf_weights.tensors(preset)}
     assert dict(counted.reads) == {key: [size] for key, size in sizes.items()}
 
 
@@ -286,7 +286,7 @@ CHILD = r"""
 import json, sys
 import jax, numpy as np, pytest
 from raytpu.presets import MeshConfig, Preset
-from workloads.model import hf_llama, sharding
+from workloads.model import hf_llama, hf_weights, sharding
 from test_hf_llama import CountingReads
 
 preset = Preset(**json.loads(sys.argv[1]))
@@ -300,7 +300,7 @@ for folder in sys.argv[2:]:
         patch.setattr(hf_llama, "open_weights", counting)
         sharded = hf_llama.load_params(folder, preset, shardings)
     tensors = {}
-    for row in hf_llama.tensors(preset):
+    for row in hf_weights.tensors(preset):
         leaf, full = sharded, whole
         for part in row.path:
             leaf, full = leaf[part], full[part]
@@ -349,7 +349,7 @@ def sharded_load(reference, params, tmp_path_factory) -> dict[str, Any]:
 def test_a_sharded_load_reads_only_each_devices_slice(sharded_load, layout):
     [flax_folder, pt_folder] = sharded_load["folders"].values()
     tensors = flax_folder if layout == "flax" else pt_folder
-    assert len(tensors) == len(hf_llama.tensors(PRESETS["tiny"]))
+    assert len(tensors) == len(hf_weights.tensors(PRESETS["tiny"]))
     for key, entry in tensors.items():
         assert entry["equal"], key
         assert entry["reads"] == [entry["shard"]] * 8, key  # one block per device, no more
@@ -466,7 +466,7 @@ def test_export_checkpoint_exports_an_orbax_run(reference, params, tmp_path):
 
 
 def test_a_gs_folder_exports_and_loads_on_the_emulator(reference, params, tmp_path, monkeypatch):
-    monkeypatch.setenv(hf_llama.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(hf_files.CACHE_ENV, str(tmp_path / "cache"))
     folder = f"gs://{BUCKET}/models/tiny-llama"
     with gcs_or_skip(BUCKET) as gcs:
         written = hf_llama.export(

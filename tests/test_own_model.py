@@ -1,5 +1,5 @@
 """A team's own model through ``run_training(..., family=...)``, without Ray: the driver's check
-of a family (``_check_family``: each refusal, and the module registered to be pickled by value)
+of a family (``check_family``: each refusal, and the module registered to be pickled by value)
 and the example of ``docs/workloads/own-model.md`` (its family has every member the worker loop
 reads, and its jitted train step learns on CPU). The run on the simulated slice, a host killed:
 ``tests/test_goodput_ray.py`` (``own_model_run``)."""
@@ -17,7 +17,7 @@ import pytest
 
 from raytpu.presets import MeshConfig, ScaleConfig
 from workloads.training.config import TrainConfig
-from workloads.training.driver import FAMILY_MEMBERS, _check_family
+from workloads.training.family_check import FAMILY_MEMBERS, check_family
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "workloads" / "own-model.md"
 EXAMPLE_MODULE = "raytpu_doc_char_gru"
@@ -72,12 +72,12 @@ def test_check_family_refuses_before_anything_is_reserved(example, case):
     family, scale, model, fragment = REFUSED[case]
     run = TrainConfig(checkpoint_dir="gs://b/own", model=model)
     with pytest.raises(ValueError, match=re.escape(fragment)):
-        _check_family(family or example.CharGRUFamily(), scale, run)
+        check_family(family or example.CharGRUFamily(), scale, run)
 
 
 def test_the_docs_error_table_quotes_the_missing_member_message(example):
     with pytest.raises(ValueError) as refused:
-        _check_family(Partial(), None, TrainConfig(checkpoint_dir="gs://b/own"))
+        check_family(Partial(), None, TrainConfig(checkpoint_dir="gs://b/own"))
     assert f"`{str(refused.value).replace('Partial', 'CharGRUFamily')}`" in DOC.read_text()
 
 
@@ -86,7 +86,7 @@ def test_a_checked_family_is_pickled_by_value(example, monkeypatch):
     import ray.cloudpickle
 
     family = example.CharGRUFamily()
-    _check_family(family, None, TrainConfig(checkpoint_dir="gs://b/own"))
+    check_family(family, None, TrainConfig(checkpoint_dir="gs://b/own"))
     payload = ray.cloudpickle.dumps(family)
     monkeypatch.delitem(sys.modules, example.__name__)
     again = pickle.loads(payload)

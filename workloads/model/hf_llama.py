@@ -17,7 +17,7 @@ Glossary:
 - **our layout**: :class:`workloads.model.llama.LlamaLM`'s tree: q/k/v ``(d_model, heads,
   head_dim)``, o ``(heads, head_dim, d_model)``, dense ``(in, out)``, fp32. RoPE is HF's
   half-split (``rotate_half``) form, so q and k need no permutation.
-- **weight table**: :data:`WEIGHTS`, one row per parameter (our path, PT key, Flax key, layout
+- **weight table**: :data:`hf_weights.WEIGHTS`, one row per parameter (our path, PT key, Flax key, layout
   kind); it drives loading, the key and shape checks, and export.
 - **slice read**: with ``shardings`` each parameter is built by ``jax.make_array_from_callback``
   and each device's callback reads only its block through safetensors' ``get_slice`` (a PT kernel
@@ -30,13 +30,8 @@ jax and safetensors are imported inside the functions: the driver reads a folder
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import struct
-import tempfile
-from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from collections.abc import Mapping
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +39,8 @@ import numpy as np
 
 from raytpu.errors import invalid
 from raytpu.presets import Preset, PresetError
-from workloads.storage import is_remote, join
+from workloads.model import hf_files, hf_weights
+from workloads.storage import join
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
@@ -52,141 +48,6 @@ SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 """Keys of old checkpoints that are buffers, not parameters (RoPE's frequencies, recomputed)."""
-CACHE_ENV = "RAYTPU_HF_CACHE"
-
-
-@dataclass(frozen=True)
-class Weight:
-    """One parameter: our path (``{i}``: the layer), its PT key, its Flax key, its layout kind
-    and our shape (preset attribute names). Kinds: ``same`` (identical everywhere), ``dense``
-    (ours and Flax ``(in, out)``, PT ``(out, in)``), ``heads_in`` (q/k/v: ours ``(d, h, hd)``,
-    Flax ``(d, h*hd)``, PT ``(h*hd, d)``), ``heads_out`` (o: ours ``(h, hd, d)``, Flax
-    ``(h*hd, d)``, PT ``(d, h*hd)``)."""
-
-    ours: str
-    pt: str
-    flax: str
-    kind: str
-    dims: tuple[str, ...]
-
-    def key(self, layout: str) -> str:
-        return self.pt if layout == "pt" else self.flax
-
-    @property
-    def per_layer(self) -> bool:
-        return "{i}" in self.ours
-
-
-def _layer(ours: str, hf: str, kind: str, *dims: str) -> Weight:
-    suffix = "weight" if kind == "same" else "kernel"
-    prefix = "model.layers.{i}."
-    return Weight(
-        f"layer_{{i}}/{ours}", f"{prefix}{hf}.weight", f"{prefix}{hf}.{suffix}", kind, dims
-    )
-
-
-D, H, KV, HD, FF, V = "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size"
-WEIGHTS: tuple[Weight, ...] = (
-    Weight("embed/embedding", "model.embed_tokens.weight", "model.embed_tokens.embedding", "same",
-           (V, D)),
-    _layer("attention_norm/scale", "input_layernorm", "same", D),
-    _layer("attention/q/kernel", "self_attn.q_proj", "heads_in", D, H, HD),
-    _layer("attention/k/kernel", "self_attn.k_proj", "heads_in", D, KV, HD),
-    _layer("attention/v/kernel", "self_attn.v_proj", "heads_in", D, KV, HD),
-    _layer("attention/o/kernel", "self_attn.o_proj", "heads_out", H, HD, D),
-    _layer("mlp_norm/scale", "post_attention_layernorm", "same", D),
-    _layer("mlp/gate/kernel", "mlp.gate_proj", "dense", D, FF),
-    _layer("mlp/up/kernel", "mlp.up_proj", "dense", D, FF),
-    _layer("mlp/down/kernel", "mlp.down_proj", "dense", FF, D),
-    Weight("final_norm/scale", "model.norm.weight", "model.norm.weight", "same", (D,)),
-    Weight("head/kernel", "lm_head.weight", "lm_head.kernel", "dense", (D, V)),
-)  # fmt: skip
-HEAD = WEIGHTS[-1]
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """A :class:`Weight` row of one layer of a preset, with our shape."""
-
-    weight: Weight
-    path: tuple[str, ...]
-    shape: tuple[int, ...]
-    layer: int | None
-
-    def key(self, layout: str) -> str:
-        return self.weight.key(layout).replace("{i}", str(self.layer))
-
-    @property
-    def kind(self) -> str:
-        return self.weight.kind
-
-
-def tensors(preset: Preset) -> list[Tensor]:
-    """Every parameter of ``preset`` in file order: the embedding, layer by layer, the final
-    norm and the head (only if untied)."""
-    glob = [w for w in WEIGHTS if not w.per_layer and not (w is HEAD and preset.tie_embeddings)]
-    order = [(glob[0], None)]
-    order += [(w, i) for i in range(preset.n_layers) for w in WEIGHTS if w.per_layer]
-    order += [(w, None) for w in glob[1:]]
-    return [
-        Tensor(
-            weight=w,
-            path=tuple(w.ours.replace("{i}", str(i)).split("/")),
-            shape=tuple(int(getattr(preset, dim)) for dim in w.dims),
-            layer=i,
-        )
-        for w, i in order
-    ]
-
-
-def file_shape(kind: str, layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape a tensor of our ``shape`` has in a file of ``layout``."""
-    if kind == "same" or (kind == "dense" and layout == "flax"):
-        return shape
-    if kind == "dense":
-        return shape[::-1]
-    if kind == "heads_in":
-        flax = (shape[0], shape[1] * shape[2])
-    else:
-        flax = (shape[0] * shape[1], shape[2])
-    return flax if layout == "flax" else flax[::-1]
-
-
-def read_block(kind: str, layout: str, part: Any, bounds: list[tuple[int, int]], hd: int) -> Any:
-    """Our block ``bounds`` (``(start, stop)`` per our axis) of a tensor, reading only that block
-    of the file's tensor ``part`` (a safetensors slice; ``hd``: head_dim)."""
-    whole = tuple(slice(a, b) for a, b in bounds)
-    if kind == "same" or (kind == "dense" and layout == "flax"):
-        return part[whole]
-    if kind == "dense":
-        (i0, i1), (o0, o1) = bounds
-        return part[o0:o1, i0:i1].T
-    if kind == "heads_in":
-        (d0, d1), (h0, h1), (e0, e1) = bounds
-        heads = slice(h0 * hd, h1 * hd)
-        if layout == "flax":
-            block = part[d0:d1, heads].reshape(d1 - d0, h1 - h0, hd)
-        else:
-            block = part[heads, d0:d1].reshape(h1 - h0, hd, d1 - d0).transpose(2, 0, 1)
-        return block[:, :, e0:e1]
-    (h0, h1), (e0, e1), (d0, d1) = bounds
-    heads = slice(h0 * hd, h1 * hd)
-    if layout == "flax":
-        block = part[heads, d0:d1].reshape(h1 - h0, hd, d1 - d0)
-    else:
-        block = part[d0:d1, heads].reshape(d1 - d0, h1 - h0, hd).transpose(1, 2, 0)
-    return block[:, e0:e1, :]
-
-
-def to_pt(kind: str, array: np.ndarray) -> np.ndarray:
-    """Our array as the PT-layout tensor."""
-    if kind == "same":
-        return array
-    if kind == "heads_in":
-        return array.reshape(array.shape[0], -1).T
-    if kind == "heads_out":
-        return array.reshape(-1, array.shape[-1]).T
-    return array.T
 
 
 # --- config.json <-> Preset ---------------------------------------------------------------
@@ -205,8 +66,6 @@ FIELDS: tuple[tuple[str, str, Any], ...] = (
 )
 """(config.json key, Preset field, default: None = required; LlamaConfig's defaults otherwise).
 ``num_key_value_heads`` defaults to ``num_attention_heads`` (LlamaConfig's rule)."""
-DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
-"""Export dtypes and their safetensors names."""
 
 
 def _unsupported(c: Mapping[str, Any]) -> list[tuple[str, Any, str, bool]]:
@@ -264,10 +123,10 @@ def read_preset(folder: str, *, seq_len: int | None = None, name: str | None = N
     """The preset of an HF folder's config.json (``seq_len`` default: its
     ``max_position_embeddings``; ``name`` default: the folder's last path part; ``dtype``:
     float32 for a float32 checkpoint, else bfloat16). Refuses what our model does not compute."""
-    path = _fetch(folder, CONFIG, required=True)
+    path = hf_files.fetch(folder, CONFIG, required=True)
     config = json.loads(path.read_text())
     return preset_from_config(
-        config, name=name or _last_part(folder), seq_len=seq_len, where=join(folder, CONFIG)
+        config, name=name or hf_files.last_part(folder), seq_len=seq_len, where=join(folder, CONFIG)
     )
 
 
@@ -308,7 +167,7 @@ SPECIAL_PAIRS = (
 
 def read_tokenizer(folder: str) -> str:
     """The text of the folder's tokenizer.json."""
-    return _fetch(folder, TOKENIZER, required=True).read_text()
+    return hf_files.fetch(folder, TOKENIZER, required=True).read_text()
 
 
 def special_tokens(tokenizer: str) -> dict[str, Any]:
@@ -369,12 +228,14 @@ def open_weights(path: Path) -> Any:
 
 def _weight_files(folder: str) -> dict[str, Path]:
     """Key -> local file of every tensor of the folder (one file, or the index's shards)."""
-    index = _fetch(folder, INDEX)
+    index = hf_files.fetch(folder, INDEX)
     if index is not None:
         weight_map = json.loads(index.read_text())["weight_map"]
-        local = {name: _fetch(folder, name, required=True) for name in set(weight_map.values())}
+        local = {
+            name: hf_files.fetch(folder, name, required=True) for name in set(weight_map.values())
+        }
         return {key: local[name] for key, name in weight_map.items()}
-    single = _fetch(folder, SINGLE)
+    single = hf_files.fetch(folder, SINGLE)
     if single is None:
         raise FileNotFoundError(
             invalid("folder", folder, f"a Hugging Face folder with {SINGLE} or {INDEX}")
@@ -392,10 +253,14 @@ def _layout(handle: Any, keys: list[str]) -> str:
 
 
 def _check_keys(
-    folder: str, preset: Preset, layout: str, rows: list[Tensor], shapes: dict[str, tuple]
+    folder: str,
+    preset: Preset,
+    layout: str,
+    rows: list[hf_weights.Tensor],
+    shapes: dict[str, tuple],
 ) -> None:
-    """Missing, extra or mis-shaped tensors: an error naming the key, found and expected."""
-    expected = {t.key(layout): file_shape(t.kind, layout, t.shape) for t in rows}
+    """Missing, extra or mis-shaped hf_weights.tensors: an error naming the key, found and expected."""
+    expected = {t.key(layout): hf_weights.file_shape(t.kind, layout, t.shape) for t in rows}
     where = f"{layout}-layout weights in {folder}, preset {preset.name}"
     for key, shape in expected.items():
         if key not in shapes:
@@ -410,7 +275,7 @@ def _check_keys(
                     key, f"shape {tuple(shapes[key])}", f"shape {shape}", reason=f"in the {where}"
                 )
             )
-    tied_head = {HEAD.key(layout)} if preset.tie_embeddings else set()
+    tied_head = {hf_weights.HEAD.key(layout)} if preset.tie_embeddings else set()
     for key, shape in shapes.items():
         if key not in expected and key not in tied_head and not key.endswith(IGNORED_SUFFIXES):
             raise ValueError(
@@ -432,7 +297,7 @@ def load_params(folder: str, preset: Preset, shardings: Any = None) -> Any:
     import jax
 
     files = _weight_files(folder)
-    rows = tensors(preset)
+    rows = hf_weights.tensors(preset)
     with ExitStack() as stack:
         handles = {p: stack.enter_context(open_weights(p)) for p in sorted(set(files.values()))}
         shapes = {k: tuple(handles[p].get_slice(k).get_shape()) for k, p in files.items()}
@@ -442,10 +307,10 @@ def load_params(folder: str, preset: Preset, shardings: Any = None) -> Any:
         for row in rows:
             key = row.key(layout)
 
-            def block(index: Any, row: Tensor = row, key: str = key) -> np.ndarray:
+            def block(index: Any, row: hf_weights.Tensor = row, key: str = key) -> np.ndarray:
                 bounds = [s.indices(n)[:2] for s, n in zip(index, row.shape, strict=True)]
                 part = handles[files[key]].get_slice(key)
-                raw = read_block(row.kind, layout, part, bounds, preset.head_dim)
+                raw = hf_weights.read_block(row.kind, layout, part, bounds, preset.head_dim)
                 return np.ascontiguousarray(raw, dtype=np.float32)
 
             sharding = _sharding_of(shardings, row.path)
@@ -492,54 +357,6 @@ def _host_array(leaf: Any) -> np.ndarray:
     return np.asarray(jax.device_get(leaf))
 
 
-def shard_plan(rows: list[Tensor], itemsize: int, max_shard_bytes: int) -> list[list[Tensor]]:
-    """Rows grouped, in order, into files of at most ``max_shard_bytes`` (a tensor larger than
-    that gets a file of its own)."""
-    shards: list[list[Tensor]] = [[]]
-    size = 0
-    for row in rows:
-        nbytes = int(np.prod(row.shape)) * itemsize
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(row)
-        size += nbytes
-    return shards
-
-
-def write_safetensors(
-    path: Path, entries: list[tuple[str, tuple[int, ...]]], dtype: str, arrays: Iterator[Any]
-) -> None:
-    """A safetensors file (metadata ``{"format": "pt"}``) written one tensor at a time:
-    ``entries`` (key, shape) in order, ``arrays`` yielding each tensor as it is gathered."""
-    itemsize = np.dtype(_numpy_dtype(dtype)).itemsize
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for key, shape in entries:
-        end = offset + int(np.prod(shape)) * itemsize
-        header[key] = {"dtype": DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, end]}
-        offset = end
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with path.open("wb") as out:
-        out.write(struct.pack("<Q", len(text)) + text)
-        for (key, shape), array in zip(entries, arrays, strict=True):
-            data = np.ascontiguousarray(np.asarray(array, dtype=_numpy_dtype(dtype)))
-            if data.shape != tuple(shape):
-                raise ValueError(invalid(key, f"shape {data.shape}", f"shape {tuple(shape)}"))
-            out.write(data.tobytes())
-
-
-def _numpy_dtype(dtype: str) -> Any:
-    if dtype not in DTYPES:
-        raise ValueError(invalid("dtype", dtype, list(DTYPES)))
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return ml_dtypes.bfloat16
-    return np.dtype(dtype)
-
-
 def export(
     folder: str,
     preset: Preset,
@@ -556,8 +373,8 @@ def export(
     process 0 writes (the others return ``[]``)."""
     import jax
 
-    itemsize = np.dtype(_numpy_dtype(dtype)).itemsize
-    rows = tensors(preset)
+    itemsize = np.dtype(hf_files.numpy_dtype(dtype)).itemsize
+    rows = hf_weights.tensors(preset)
     for row in rows:
         found = tuple(np.shape(_get(params, row.path)))
         if found != row.shape:
@@ -569,23 +386,27 @@ def export(
                     reason=f"params of preset {preset.name}",
                 )
             )
-    shards = shard_plan(rows, itemsize, max_shard_bytes)
+    shards = hf_files.shard_plan(rows, itemsize, max_shard_bytes)
     names = (
         [SINGLE]
         if len(shards) == 1
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
     writer = jax.process_index() == 0
-    with _target(folder, writer) as local:
+    with hf_files.target(folder, writer) as local:
         written = []
         for name, group in zip(names, shards, strict=True):
-            arrays = (to_pt(row.kind, _host_array(_get(params, row.path))) for row in group)
-            entries = [(row.key("pt"), file_shape(row.kind, "pt", row.shape)) for row in group]
+            arrays = (
+                hf_weights.to_pt(row.kind, _host_array(_get(params, row.path))) for row in group
+            )
+            entries = [
+                (row.key("pt"), hf_weights.file_shape(row.kind, "pt", row.shape)) for row in group
+            ]
             if not writer:
                 for _ in arrays:
                     pass
                 continue
-            write_safetensors(local / name, entries, dtype, arrays)
+            hf_files.write_safetensors(local / name, entries, dtype, arrays)
             written.append(name)
         if not writer:
             return []
@@ -642,88 +463,3 @@ def export_checkpoint(
 
 
 # --- local and gs:// folders ----------------------------------------------------------------
-
-
-def _last_part(folder: str) -> str:
-    if is_remote(folder):
-        return folder.rstrip("/").rsplit("/", 1)[-1]
-    return Path(folder).absolute().name
-
-
-def cache_root() -> Path:
-    """Where ``gs://`` folders' files are downloaded (``$RAYTPU_HF_CACHE``)."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "raytpu" / "hf")
-
-
-def _gcs() -> Any:
-    import gcsfs
-
-    from workloads.storage import quiet_clients
-
-    quiet_clients()
-    return gcsfs.GCSFileSystem()
-
-
-def _fetch(folder: str, name: str, *, required: bool = False) -> Path | None:
-    """The local path of ``folder/name``; for ``gs://``, downloaded into the cache unless the
-    cached copy has the object's generation. None (or, if ``required``, an error naming the
-    file) where it is absent."""
-    if not is_remote(folder):
-        path = Path(folder, name)
-        if path.is_file():
-            return path
-        if required:
-            raise FileNotFoundError(
-                invalid("folder", folder, f"a Hugging Face folder with {name}", reason=f"no {path}")
-            )
-        return None
-    from raytpu.gcs_names import check_gs_path
-
-    check_gs_path("folder", folder)
-    fs, remote = _gcs(), join(folder, name).removeprefix("gs://")
-    if not fs.exists(remote):
-        if required:
-            raise FileNotFoundError(
-                invalid(
-                    "folder",
-                    folder,
-                    f"a Hugging Face folder with {name}",
-                    reason=f"no gs://{remote}",
-                )
-            )
-        return None
-    info = fs.info(remote)
-    version = str(info.get("generation") or info.get("md5Hash") or info.get("size"))
-    local, stamp = cache_root() / remote, cache_root() / f"{remote}.version"
-    if local.is_file() and stamp.is_file() and stamp.read_text() == version:
-        return local
-    local.parent.mkdir(parents=True, exist_ok=True)
-    partial = local.with_name(f".{local.name}.{os.getpid()}.part")
-    fs.get(remote, str(partial))
-    os.replace(partial, local)
-    stamp.write_text(version)
-    return local
-
-
-@contextmanager
-def _target(folder: str, writer: bool) -> Iterator[Path]:
-    """A local folder to write into: ``folder`` itself, or for ``gs://`` a temporary one
-    uploaded to it at the end (by the writing process)."""
-    if not is_remote(folder):
-        path = Path(folder)
-        if writer:
-            path.mkdir(parents=True, exist_ok=True)
-        yield path
-        return
-    from raytpu.gcs_names import check_gs_path
-
-    check_gs_path("folder", folder)
-    staging = Path(tempfile.mkdtemp(prefix="raytpu-hf-export-"))
-    try:
-        yield staging
-        if writer:
-            fs = _gcs()
-            for path in sorted(staging.iterdir()):
-                fs.put(str(path), join(folder, path.name).removeprefix("gs://"))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)

@@ -6,7 +6,7 @@ Glossary (Ray's and JAX's words):
 - **family**: the object handed to ``run_training(..., family=...)``; Ray pickles it to every
   Ray Train worker (one per TPU host), which trains it with the platform's worker loop
   (:class:`workloads.training.worker_loop.WorkerLoop`). Its members are
-  :data:`workloads.training.driver.FAMILY_MEMBERS`.
+  :data:`workloads.training.family_check.FAMILY_MEMBERS`.
 - **train state**: :class:`TrainState` (``step``, ``params``, ``opt_state``), a
   ``flax.struct.dataclass``, so a pytree ``jax.jit`` takes and returns and the checkpoint tiers
   save and restore (they read ``params`` and ``opt_state``, and ``replace`` the three). It is

@@ -44,6 +44,7 @@ from workloads.training.config import (
     TrainProgress,
     TrainResult,
 )
+from workloads.training.family_check import check_family
 from workloads.training.faults import FaultPlan, check_hosts
 from workloads.training.goodput import goodput
 from workloads.training.recovery import EventBook
@@ -255,7 +256,7 @@ def _plan(
 
     run.validate(shape, num_slices)
     if family is not None:
-        _check_family(family, scale, run)
+        check_family(family, scale, run)
     scale_payload = scale and multislice.driver_payload(shape, num_slices, run.global_batch, scale)
     tpu = int(tpu_per_worker or shape.chips_per_host)
     num_workers = shape.workers(tpu) * num_slices
@@ -286,40 +287,6 @@ def _plan(
         shape, run, num_slices, tpu, num_workers, bool(pin), scale_payload or None, family,
         log_dir, storage_path, filesystem, name, reserve_timeout_s, start_timeout_s,
     )  # fmt: skip
-
-
-FAMILY_MEMBERS = (
-    "config", "flops_per_token", "init", "train_step", "mesh", "state_shardings",
-    "batch_sharding", "batches", "to_dict",
-)  # fmt: skip
-"""What the worker loop reads of a family (the training half of ``ModelFamily``)."""
-
-
-def _check_family(family: Any, scale: Any, run: TrainConfig) -> None:
-    """A user's family: every member the worker loop reads, not with ``scale`` or ``model``;
-    its module registered to be pickled by value (a driver script's module is not on the
-    workers' path)."""
-    import sys
-
-    import ray.cloudpickle
-
-    missing = [m for m in FAMILY_MEMBERS if not hasattr(family, m)]
-    if missing:
-        raise ValueError(
-            invalid(
-                "family",
-                type(family).__name__,
-                "an object with " + ", ".join(FAMILY_MEMBERS),
-                reason="missing " + ", ".join(missing),
-            )
-        )
-    for clash, value in (("scale", scale), ("train.model", run.model)):
-        if value:
-            raise ValueError(invalid(clash, value, "unset with family= (the family is the model)"))
-    module = sys.modules.get(type(family).__module__)
-    ours = ("workloads", "raytpu", "builtins")
-    if module is not None and module.__name__.split(".")[0] not in ours:
-        ray.cloudpickle.register_pickle_by_value(module)
 
 
 def _run_attempts(plan: RunPlan, board: Any, cordoned: ExitStack, progress: bool) -> Attempts:
