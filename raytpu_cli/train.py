@@ -188,7 +188,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
         ),
     )
     config.validate(chosen.shape, args.num_slices)
-    scale = _scale(args, chosen.shape, config)
+    imported = _imported_preset(args)
+    scale = _scale(args, chosen.shape, config, imported)
     check_seconds("--reserve-timeout", args.reserve_timeout)
     check_seconds("--start-timeout", args.start_timeout)
     check_writable_dir("--checkpoint-dir", args.checkpoint_dir)
@@ -199,12 +200,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     except ValueError as error:
         hint = f" (with --local: gs://{LOCAL_BUCKET}/NAME)" if args.local else ""
         raise UsageError(f"{error}{hint}") from None
-    model = args.preset
-    if scale is not None and scale.init_from:
-        from workloads.model import hf_llama
-
-        model = hf_llama.read_preset(scale.init_from).name
-    return _Plan(chosen, config, scale, model)
+    return _Plan(chosen, config, scale, imported.name if imported else args.preset)
 
 
 def _check_resumable(args: argparse.Namespace, model: str | None) -> str:
@@ -274,19 +270,29 @@ def _summary(args: argparse.Namespace, plan: _Plan, result: Any) -> str:
     return format_table(("train", "result"), rows)
 
 
-def _scale(args: argparse.Namespace, shape: Any, config: Any) -> Any:
-    """``--preset``/``--tensor`` as a checked :class:`raytpu.presets.ScaleConfig` (``None``
-    without ``--preset``); a preset that cannot fit or divide over the mesh is refused here,
-    before anything starts."""
-    from raytpu.presets import MeshConfig, PresetError, ScaleConfig
-
-    if args.init_from and args.preset:
+def _imported_preset(args: argparse.Namespace) -> Any:
+    """``--init-from``'s preset (its config.json, read once), or ``None``; refused with
+    ``--preset``."""
+    if not args.init_from:
+        return None
+    if args.preset:
         raise UsageError(
             invalid(
                 "--preset", args.preset, "unset with --init-from (its config.json is the preset)"
             )
         )
-    if args.preset is None and not args.init_from:
+    from workloads.model import hf_llama
+
+    return hf_llama.read_preset(args.init_from)
+
+
+def _scale(args: argparse.Namespace, shape: Any, config: Any, imported: Any) -> Any:
+    """``--preset``/``--tensor`` as a checked :class:`raytpu.presets.ScaleConfig` (``None``
+    without ``--preset``); a preset that cannot fit or divide over the mesh is refused here,
+    before anything starts."""
+    from raytpu.presets import MeshConfig, PresetError, ScaleConfig
+
+    if args.preset is None and imported is None:
         given = (
             ("--tensor", args.tensor, args.tensor != 1),
             ("--export-to", args.export_to, args.export_to),
@@ -299,13 +305,9 @@ def _scale(args: argparse.Namespace, shape: Any, config: Any) -> Any:
         mesh = MeshConfig.fsdp_over(shape.chips, args.num_slices, tensor=args.tensor)
     except PresetError as error:  # the one fsdp_over raises: tensor does not divide the slice
         raise UsageError(invalid("--tensor", args.tensor, error.valid)) from None
-    if args.init_from:
-        from workloads.model import hf_llama
-
+    if imported is not None:
         scale = ScaleConfig(mesh=mesh, init_from=args.init_from)
-        scale.check(
-            shape, args.num_slices, config.global_batch, hf_llama.read_preset(args.init_from)
-        )
+        scale.check(shape, args.num_slices, config.global_batch, imported)
         return scale
     scale = ScaleConfig(preset=args.preset, mesh=mesh)
     scale.check(shape, args.num_slices, config.global_batch)
