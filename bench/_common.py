@@ -243,3 +243,17 @@ def run_child(
     if done.returncode != 0:
         raise RuntimeError(f"{what} exited {done.returncode}:\n{done.stderr[-4000:]}")
     return done.stdout
+
+
+def save_step_one(directory: str, state: Any, cfg: Any) -> None:
+    """``state`` of the byte LM ``cfg`` as the step-1 checkpoint in ``directory``, saved the way
+    training saves it (and waited for)."""
+    from workloads.model.checkpoint import open_checkpoints, save_state
+    from workloads.model.family import ByteLM
+
+    manager = open_checkpoints(directory)
+    try:
+        save_state(manager, 1, state, ByteLM(cfg))
+        manager.wait_until_finished()
+    finally:
+        manager.close()

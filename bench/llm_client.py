@@ -16,8 +16,8 @@ from :func:`workloads.data.text_data.tokenizer_json`; nothing is fetched from th
 AIPerf's own report table per run, then a side-by-side table of the key numbers (TTFT p50/p99,
 ITL p50, output tokens/s, requests/s, and the replica's prefix-cache hit rate).
 
-The floor only answers ``/v1/completions`` (``bench.serving_llm.floor_deployment`` parses every
-body as a completion), so chat runs measure the two built-in apps only.
+The floor answers both routes in their own reply shapes (``bench.serving_llm.floor_deployment``
+parses a body by its request's path), so each endpoint has its floor row.
 
 AIPerf is not installed with the project's dev dependencies (it pins rich, pandas and psutil
 below this venv's): install the ``bench`` extra into its own venv and point ``RAYTPU_AIPERF`` at
@@ -261,8 +261,6 @@ def measure(
         for endpoint in endpoints:
             for rate in rates:
                 for label in APPS:
-                    if endpoint == "chat" and label == "floor":
-                        continue
                     out = Path(scratch) / f"{endpoint}-{rate:g}-{label.replace(' ', '-')}"
                     command = client_command(
                         client, urls[label], endpoint, rate, profile, tokenizer, str(out)

@@ -30,6 +30,7 @@ from typing import Any
 from bench import _common
 from raytpu import catalog
 from raytpu.ray_names import LABEL_SLICE_NAME
+from workloads import ray_compat
 
 STRATEGY = "SPREAD"
 """Ray's ``SlicePlacementGroup`` default, used for the plain placement group too."""
@@ -171,12 +172,10 @@ class SliceMonitor:
         self._thread.join(timeout=10)
 
     def sample(self) -> None:
-        from ray.util import placement_group_table
-
         partial_holders = 0
         partial_pgs = 0
         whole = 0
-        for info in placement_group_table().values():
+        for info in ray_compat.placement_groups().values():
             if info.get("state") == "REMOVED":
                 continue
             bundles = info.get("bundles", {})
@@ -300,11 +299,9 @@ def contend_plain(
                 ready_at[pending.pop(ref)] = time.perf_counter() - began
         monitor.sample()  # one sample with every placed group still held
         labels = {n["NodeID"]: (n.get("Labels") or {}) for n in ray.nodes()}
-        from ray.util import placement_group_table
-
         for pg, seconds in ready_at.items():
             outcome.granted_s.append(seconds)
-            nodes = placement_group_table(pg)["bundles_to_node_id"].values()
+            nodes = ray_compat.bundle_nodes(pg).values()
             slices = [labels.get(n, {}).get(LABEL_SLICE_NAME) for n in nodes]
             if len(set(slices)) != 1:
                 outcome.straddling += 1

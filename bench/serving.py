@@ -55,17 +55,9 @@ def write_checkpoint(directory: str, seed: int = 0) -> None:
     import jax
 
     from workloads.model import byte_lm as m
-    from workloads.model.checkpoint import open_checkpoints, save_state
-    from workloads.model.family import ByteLM
 
     cfg = m.ModelConfig()
-    state = m.init_state(cfg, jax.random.PRNGKey(seed))
-    manager = open_checkpoints(directory)
-    try:
-        save_state(manager, 1, state, ByteLM(cfg))
-        manager.wait_until_finished()
-    finally:
-        manager.close()
+    _common.save_step_one(directory, m.init_state(cfg, jax.random.PRNGKey(seed)), cfg)
 
 
 def write_checkpoint_process(directory: str, timeout_s: float = 300.0) -> None:

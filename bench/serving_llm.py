@@ -134,7 +134,8 @@ async def _replay(url: str, requests: list[Request]) -> dict[str, Any]:
 
 
 def floor_deployment() -> Any:
-    """A trivial Serve deployment: the same streaming reply shape, no model."""
+    """A trivial Serve deployment: the same streaming reply shapes (``/v1/completions`` and
+    ``/v1/chat/completions``, by the request's path), no model."""
     from ray import serve
 
     @serve.deployment(max_ongoing_requests=512, ray_actor_options={"num_cpus": 0})
@@ -144,9 +145,10 @@ def floor_deployment() -> Any:
 
             from workloads.serving import openai_api
 
-            parsed = openai_api.parse(
-                openai_api.COMPLETIONS, await request.body(), "raytpu-byte-lm"
-            )
+            route = openai_api.route_of(request.url.path)
+            if route != openai_api.CHAT:
+                route = openai_api.COMPLETIONS  # the trivial floor answers any path as one
+            parsed = openai_api.parse(route, await request.body(), "raytpu-byte-lm")
             completion = openai_api.Completion(parsed)
             wanted = parsed.generate.max_new_tokens
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from bench import _common
 from raytpu import catalog
+from workloads import ray_compat
 
 CHILD_TIMEOUT_S = 600.0
 FIT_START_TIMEOUT_S = 120.0
@@ -252,11 +253,6 @@ def trainer_loop(config: dict[str, Any]) -> None:
         ray.train.report({"step": -1, "bench": result}, checkpoint=checkpoint)
 
 
-HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
-"""Ray Train v2's controller poll interval (default 2 s); it also drains the workers' one-slot
-result queues, which bounds how often ``ray.train.report`` can return."""
-
-
 def run_trainer(
     bench: StepBench, shape: catalog.SliceShape, health_check_s: float | None = None
 ) -> dict[str, Any]:
@@ -267,9 +263,9 @@ def run_trainer(
     from workloads.sim.local_cluster import LocalSliceCluster
 
     _common.progress(f"JaxTrainer: starting local slice cluster of one {shape.name}")
-    overrides = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(FIT_START_TIMEOUT_S)}
+    overrides = {ray_compat.WORKER_GROUP_START_TIMEOUT_ENV: str(FIT_START_TIMEOUT_S)}
     if health_check_s is not None:
-        overrides[HEALTH_CHECK_ENV] = str(health_check_s)
+        overrides[ray_compat.HEALTH_CHECK_INTERVAL_ENV] = str(health_check_s)
     previous = {key: os.environ.get(key) for key in overrides}
     os.environ.update(overrides)
     try:
@@ -281,19 +277,16 @@ def run_trainer(
             trainer = JaxTrainer(
                 train_loop_per_worker=trainer_loop,
                 train_loop_config={"bench": asdict(bench)},
-                scaling_config=ray.train.ScalingConfig(
-                    use_tpu=True,
-                    num_workers=shape.hosts,
-                    topology=shape.topology,
-                    accelerator_type=shape.ray_accelerator_type,
-                    resources_per_worker={"TPU": shape.chips_per_host},
+                scaling_config=ray_compat.tpu_scaling_config(
+                    shape.hosts,
+                    shape.topology,
+                    shape.ray_accelerator_type,
+                    {"TPU": shape.chips_per_host},
                 ),
                 run_config=ray.train.RunConfig(
                     name="bench-training",
                     storage_path=storage,
-                    failure_config=ray.train.FailureConfig(
-                        max_failures=0, controller_failure_limit=0
-                    ),
+                    failure_config=ray_compat.no_retries_failure_config(),
                 ),
             )
             began = time.perf_counter()
@@ -423,7 +416,7 @@ def print_report(result: dict[str, Any]) -> list[str]:
         + "/".join(f"{p / 1e9:.1f}" for p in result["matmulPeaks"])
         + f" GFLOP/s; ray.train.report "
         f"{_common.fmt_stats(result['reportS'])}; JaxTrainer fit() {result['fitS']:.1f} s, "
-        f"cluster start {result['clusterStartS']:.1f} s; {HEALTH_CHECK_ENV}="
+        f"cluster start {result['clusterStartS']:.1f} s; {ray_compat.HEALTH_CHECK_INTERVAL_ENV}="
         f"{result['healthCheckIntervalS'] or 'default (2 s)'}. {_common.NO_ACCELERATOR}."
     )
     return [table]
@@ -441,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--health-check-interval",
         type=float,
-        help=f"set {HEALTH_CHECK_ENV} for the trainer (default: Ray's, 2 s)",
+        help=f"set {ray_compat.HEALTH_CHECK_INTERVAL_ENV} for the trainer (default: Ray's, 2 s)",
     )
     parser.add_argument("--child-bare", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -9,7 +9,8 @@ Stack outputs (the contract with ``raytpu submit``): ``clusterName``, ``clusterE
 bucket training runs write to: ``gs://BUCKET/<run>``), ``rayServiceAccount`` (the Kubernetes
 ServiceAccount of every Ray pod), ``imageRepository`` and ``workerImage`` (where the worker image
 is pushed, and the image the Ray objects run); with ``ray-tpu:security.dashboardIap``,
-``dashboardIap`` (``url``, ``host``, ``address``: where the host's DNS A record points).
+``dashboardIap`` (``url``, ``host``, ``address``: where the host's DNS A record points); with
+``ray-tpu:notebooks``, ``notebooks`` (name -> namespace, service, port, rayCluster, tokenSecret).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from infra.components.image_registry import ImageRegistry, ImageRegistryArgs
 from infra.components.k8s_provider import KubernetesAccess, KubernetesAccessArgs
 from infra.components.kueue import Kueue, KueueArgs
 from infra.components.monitoring import Monitoring, MonitoringArgs
+from infra.components.notebook import Notebook, NotebookArgs
 from infra.components.ray_object import RayObject, RayObjectArgs
 from infra.components.tpu_slice import TpuSlice, TpuSliceArgs
 from infra.config.schema import StackConfig
@@ -103,6 +105,8 @@ def declare(config: StackConfig) -> None:
     ray_objects = _ray_objects(config, nodes, access, storage)
     if config.security.dashboard_iap is not None:
         pulumi.export("dashboardIap", _dashboard_iap(config, access, ray_objects).outputs)
+    if config.notebooks is not None:
+        pulumi.export("notebooks", _notebooks(config, access, ray_objects))
     Monitoring(
         "monitoring",
         MonitoringArgs(
@@ -237,3 +241,35 @@ def _dashboard_iap(
             depends_on=[target],
         ),
     )
+
+
+def _notebooks(
+    config: StackConfig, access: KubernetesAccess, ray_objects: dict[RayKind, list[RayObject]]
+) -> dict[str, dict[str, Any]]:
+    """One JupyterLab per team or for the stack, next to its RayCluster (docs/notebooks.md)."""
+    notebooks = config.notebooks
+    assert notebooks is not None
+    clusters = {
+        o.name: o for k, objs in ray_objects.items() if k.kind == "RayCluster" for o in objs
+    }
+    found = {}
+    for nb in notebooks.notebooks:
+        target = clusters[nb.ray_cluster]
+        namespace = access.namespaces.get(nb.namespace)
+        declared = Notebook(
+            f"notebook-{nb.name}",
+            NotebookArgs(
+                notebook=nb,
+                credential=target.credential,
+                image=notebooks.image or config.ray_image,
+                cpu=notebooks.cpu,
+                memory=notebooks.memory,
+                provider=access.provider,
+                depends_on=[*([namespace] if namespace is not None else []), target],
+                iap=notebooks.iap,
+                project=config.project,
+                cluster_name=config.cluster.name,
+            ),
+        )
+        found[nb.name] = declared.outputs
+    return found

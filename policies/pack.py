@@ -28,6 +28,7 @@ from policies.rules import (
     image,
     kueue,
     node_pool,
+    notebook,
     ray_groups,
     ray_version,
     security,
@@ -187,8 +188,9 @@ POLICIES: tuple[PolicySpec, ...] = (
     PolicySpec(
         name="pinned-ray-version",
         description=(
-            "A KubeRay object names one explicit Ray version >= the minimum (2.55.0, the TPU "
-            "slice API) in rayVersion and in every Ray image tag; no latest, no untagged image."
+            "A KubeRay object names one explicit Ray version, one the upgrade matrix passed "
+            f"({ray_version.DEFAULT_MINIMUM_VERSION} to {ray_version.DEFAULT_MAXIMUM_VERSION}), "
+            "in rayVersion and in every Ray image tag; no latest, no untagged image."
         ),
         kind="resource",
         rule=_ray_rule(ray_version.check_ray_version),
@@ -200,6 +202,12 @@ POLICIES: tuple[PolicySpec, ...] = (
                 keyword="minimum_version",
                 schema={"type": "string", "pattern": r"^\d+\.\d+\.\d+$"},
                 default=ray_version.DEFAULT_MINIMUM_VERSION,
+            ),
+            Option(
+                key="maximumVersion",
+                keyword="maximum_version",
+                schema={"type": "string", "pattern": r"^\d+\.\d+\.\d+$"},
+                default=ray_version.DEFAULT_MAXIMUM_VERSION,
             ),
         ),
     ),
@@ -234,12 +242,31 @@ POLICIES: tuple[PolicySpec, ...] = (
         name="ray-dashboard-behind-iap",
         description=(
             "A public Ingress reaches a Ray dashboard (its port, or the proxy labelled "
-            "ray-tpu/dashboard-proxy) only through a BackendConfig with spec.iap.enabled; the "
+            "ray-tpu/dashboard-proxy) or a Jupyter server (pods app.kubernetes.io/name: "
+            "jupyterlab, or port 8888) only through a BackendConfig with spec.iap.enabled; the "
             "dashboard proxy's Service is never a LoadBalancer."
         ),
         kind="stack",
         rule=dashboard_iap.check_dashboard_ingress,
-        remediation="Use ray-tpu:security.dashboardIap, or annotate the Service with an IAP BackendConfig.",
+        remediation=(
+            "Use ray-tpu:security.dashboardIap or ray-tpu:notebooks.iap, or annotate the Service "
+            "with an IAP BackendConfig."
+        ),
+    ),
+    PolicySpec(
+        name="notebook-token-auth",
+        description=(
+            "A Jupyter server (Deployment, StatefulSet or Pod running jupyter) takes its token "
+            "from a Secret (never empty, never literal) and keeps the XSRF check; no LoadBalancer "
+            "or NodePort Service exposes one: a notebook runs arbitrary code with its credentials."
+        ),
+        kind="resource",
+        rule=notebook.check_notebook,
+        applies_to=notebook.applies_to,
+        remediation=(
+            "Set JUPYTER_TOKEN from a secretKeyRef (ray-tpu:notebooks does), keep the Service "
+            "ClusterIP and use `raytpu notebook --stack`."
+        ),
     ),
     PolicySpec(
         name="ray-token-auth",
@@ -406,7 +433,7 @@ def settings(config: Mapping[str, Any] | None = None) -> Settings:
             if key not in keys:
                 valid = ", ".join(["enforcementLevel", *keys])
                 raise PolicyConfigError(f"{name}.{key}: {key!r} is not an option; valid: {valid}")
-            if key == "minimumVersion" and (
+            if key in ("minimumVersion", "maximumVersion") and (
                 not isinstance(item, str) or ray_version.parse_version(item) is None
             ):
                 raise PolicyConfigError(invalid(f"{name}.{key}", item, "X.Y.Z, e.g. 2.55.0"))

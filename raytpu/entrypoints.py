@@ -102,11 +102,15 @@ def serve_env(shape: SliceShape) -> dict[str, str]:
     return {SERVE_TPU_ENV: str(shape.chips_per_host)}
 
 
+def _project(pyproject: Path) -> dict:
+    with pyproject.open("rb") as handle:
+        return tomllib.load(handle)["project"]
+
+
 def worker_requirements(pyproject: Path = _REPO_ROOT / "pyproject.toml") -> list[str]:
     """Pinned packages for a stock Ray image: the project's dependencies and its ``tpu`` extra
     (``jax[tpu]``), without Ray itself and Pulumi."""
-    with pyproject.open("rb") as handle:
-        project = tomllib.load(handle)["project"]
+    project = _project(pyproject)
     wanted = [*project["dependencies"], *project["optional-dependencies"]["tpu"]]
 
     return [
@@ -117,6 +121,14 @@ def worker_requirements(pyproject: Path = _REPO_ROOT / "pyproject.toml") -> list
             for x in WORKER_EXCLUDED_DEPENDENCIES
         )
     ]
+
+
+def image_requirements(pyproject: Path = _REPO_ROOT / "pyproject.toml") -> list[str]:
+    """What the project's Ray image installs: :func:`worker_requirements` and the ``notebook``
+    extra (``ray-tpu:notebooks`` runs JupyterLab in this image unless ``image`` names another).
+    Jobs on a stock image get :func:`worker_requirements` only."""
+    notebook = _project(pyproject)["optional-dependencies"]["notebook"]
+    return [*worker_requirements(pyproject), *notebook]
 
 
 VLLM_EXCLUDED_FROM_RAY_LLM = ("vllm", "nixl", "nixl-cu13")

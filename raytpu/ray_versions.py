@@ -8,8 +8,16 @@ from __future__ import annotations
 
 import re
 
-MINIMUM_RAY_VERSION = "2.55.0"
-"""The first Ray with the TPU slice API (``ray.util.tpu.slice_placement_group``)."""
+PINNED_RAY_VERSION = "2.60.0"
+"""The Ray the project installs (``pyproject.toml``) and the stacks run."""
+TESTED_RAY_VERSIONS = ("2.56.1", "2.58.1", "2.59.0", "2.60.0")
+"""The Ray releases the upgrade matrix passed (``tools/ray_matrix.py``; the table in
+``docs/delivery.md``), oldest first. The policy pack and the stack config accept ``rayVersion``
+from the first to the last (the pinned one). 2.55.0 failed the matrix (every JaxTrainer run);
+2.55.1 and 2.57.1 have not been run."""
+MINIMUM_RAY_VERSION = TESTED_RAY_VERSIONS[0]
+"""The oldest Ray the upgrade matrix passed (the TPU slice API, ``ray.util.tpu``, is in 2.55 on,
+but 2.55.0's JaxTrainer runs failed on the simulated slice)."""
 
 # ASCII digits only: ``\d`` would also match full-width and other Unicode digits (full-width "2.60.0"),
 # which int() accepts but no image registry tag or pip version does.

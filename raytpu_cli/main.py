@@ -33,12 +33,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("raytpu_cli.demo", "train and serve on a simulated TPU slice cluster"),
     "train": ("raytpu_cli.train", "train the LM on a stack's TPU slice (JaxTrainer)"),
     "serve": ("raytpu_cli.serve", "serve the latest checkpoint with Ray Serve"),
+    "batch": ("raytpu_cli.batch", "run a dataset of prompts on reserved slices (Ray Data)"),
     "observability": ("raytpu_cli.observability", "write alert rules and dashboards as files"),
     "status": ("raytpu_cli.status", "slices, jobs and Serve apps of a stack's Ray cluster"),
     "dashboard": (
         "raytpu_cli.dashboard",
         "open a stack's Ray Dashboard through kubectl port-forward",
     ),
+    "notebook": ("raytpu_cli.notebook", "JupyterLab attached to a Ray cluster (token auth)"),
     "doctor": (
         "raytpu_cli.doctor",
         "after pulumi up: does the cluster run what the stack declares",
@@ -50,10 +52,12 @@ READS_PROJECT = (
     "demo",
     "train",
     "serve",
+    "batch",
     "quota",
     "dashboard",
     "status",
     "doctor",
+    "notebook",
 )
 """Commands that read the Pulumi project of the current directory (or of --cwd)."""
 

@@ -151,7 +151,7 @@ def _error_class(message: str) -> str:
 def job_states(jobs: list[dict[str, Any]]) -> list[JobState]:
     return [
         JobState(
-            str(job.get("submission_id") or job.get("job_id") or "?"),
+            _submission_or_job_id(job),
             str(job.get("status", "?")),
             str(job.get("entrypoint", ""))[:80],
             _error_class(str(job.get("message") or "")) if job.get("status") == "FAILED" else "",
@@ -182,16 +182,35 @@ def app_states(serve: Mapping[str, Any]) -> list[AppState]:
     return apps
 
 
+def _submission_or_job_id(job: Mapping[str, Any]) -> str:
+    return str(job.get("submission_id") or job.get("job_id") or "?")
+
+
+def holder_names(
+    api: HeadApi, jobs: list[dict[str, Any]], groups: list[dict[str, Any]]
+) -> dict[str, str]:
+    """Each placement group creator's name as a person submitted it: the submission id of the
+    job whose driver created it, else the driver's job id. A creator missing from ``jobs`` is
+    asked for by its id (``GET /api/jobs/<job_id>`` resolves a driver to its submission)."""
+    names = {str(j["job_id"]): _submission_or_job_id(j) for j in jobs if j.get("job_id")}
+    for creator in {str(g.get("creator_job_id") or "") for g in groups} - set(names) - {""}:
+        with contextlib.suppress(OSError):  # not found or not answered: its job id is shown
+            names[creator] = _submission_or_job_id(api.get(f"/api/jobs/{creator}"))
+    return names
+
+
 def collect(api: HeadApi) -> dict[str, list[Any]]:
     """Everything :func:`run` shows, from one head."""
+    # Groups before jobs: a group's creator is then in the job list (or asked for by its id).
+    groups = api.state("placement_groups")
+    nodes = api.state("nodes")
     jobs = api.get("/api/jobs/")
-    names = {str(j.get("job_id")): str(j.get("submission_id") or j.get("job_id")) for j in jobs}
     try:
         serve = api.get("/api/serve/applications/")
     except OSError:
         serve = {}
     return {
-        "slices": slice_states(api.state("nodes"), api.state("placement_groups"), names),
+        "slices": slice_states(nodes, groups, holder_names(api, jobs, groups)),
         "jobs": job_states(jobs),
         "serve": app_states(serve or {}),
     }

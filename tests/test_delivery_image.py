@@ -71,11 +71,14 @@ def test_runs_as_a_non_root_user() -> None:
     assert users and users[-1] not in ("root", "0")
 
 
-def test_installs_the_tpu_extra_without_ray_or_pulumi() -> None:
-    (install,) = [r for r in _instructions("RUN") if "worker_requirements" in r]
+def test_installs_the_tpu_and_notebook_extras_without_ray_or_pulumi() -> None:
+    (install,) = [r for r in _instructions("RUN") if "image_requirements" in r]
     assert "pip install --no-cache-dir -r /tmp/worker-requirements.txt" in install
-    requirements = entrypoints.worker_requirements()
+    requirements = entrypoints.image_requirements()
     assert any(r.startswith("jax[tpu]") for r in requirements)
+    # ray-tpu:notebooks runs `python -m jupyterlab` in this image by default.
+    assert "jupyterlab==4.6.6" in requirements
+    assert "jupyterlab==4.6.6" not in entrypoints.worker_requirements()  # not in every job's env
     assert not any(r.startswith(("ray", "pulumi")) for r in requirements)
 
 

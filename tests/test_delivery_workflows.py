@@ -97,6 +97,18 @@ def test_ci_runs_make_test_with_python_311() -> None:
     assert pythons and set(pythons) == {"3.11"}
 
 
+def test_the_long_tests_run_in_their_own_job_and_in_ci_run() -> None:
+    """Every test runs somewhere: ``make test`` leaves out the ``long`` ones, which ``make
+    test-long`` runs, in its own ci.yml job and after ``make test`` in ``.ci/run``."""
+    jobs = _load("ci")["jobs"]
+    runs = {name: [s.get("run", "").strip() for s in job["steps"]] for name, job in jobs.items()}
+    assert "make test" in runs["test"] and "make test-long" in runs["long"]
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    assert '-m "not long"' in makefile and "-m long" in makefile
+    ci_run = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert ci_run.index("make test") < ci_run.index("make test-long")
+
+
 # (event, branch or None) -> how often the tests (ci.yml) run for it: exactly once each.
 EVENTS = [("pull_request", None), ("push", "main")]
 

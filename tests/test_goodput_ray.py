@@ -40,7 +40,7 @@ from raytpu_cli.common import SliceChoice
 from workloads.sim.local_cluster import LocalSliceCluster
 from workloads.training.goodput import GoodputConfig
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.ray, pytest.mark.long, pytest.mark.timeout(420)]
 
 V6E_2X4_4T = shape("v6e", "2x4", machine_type="ct6e-standard-4t")
 BUCKET = "raytpu-goodput"
@@ -154,7 +154,8 @@ def slice_lost(cluster, logs, runs):
 def test_a_lost_slice_is_replaced_whole_and_the_run_resumes_from_the_durable_tier(runs, slice_lost):
     clean = runs[0]
     result, before, replaced = slice_lost
-    assert [(e.kind, e.step) for e in result.events] == [("loss_spike", 12), ("slice_loss", 16)]
+    kinds = [(e.kind, e.step) for e in result.events]
+    assert kinds == [("loss_spike", 12), ("slice_loss", 16)], result.events
     lost = result.events[1]
     # Both hosts' disks went with the slice: the fast tier at step 15 is gone, the durable one
     # at step 10 is the newest left.
@@ -284,14 +285,16 @@ def test_the_imported_model_trained_from_its_weights_and_was_exported(hf_source,
 def test_the_exported_folder_is_served_over_the_openai_api(hf_trained):
     """The Hugging Face folder the run exported, served by Ray Serve on a host of the slice
     and asked through the ``openai`` client: completions (greedy: the tokens the folder's own
-    weights give here) and chat."""
+    weights give here, by the KV-cached engine, the second time from its prefix cache) and
+    chat."""
     import openai
 
+    from workloads.data.corpus import load_corpus
     from workloads.serving import app as serving
     from workloads.serving.replica import ServeOptions
     from workloads.sim.local_cluster import free_port
 
-    options = ServeOptions(max_batch_size=1, prefix_cache=False, precompile=False)
+    options = ServeOptions(max_batch_size=1, shared_prefix=False, precompile=False)
     application = serving.build_app(
         hf_trained,
         tpu_per_replica=V6E_2X4_4T.chips_per_host,
@@ -302,11 +305,17 @@ def test_the_exported_folder_is_served_over_the_openai_api(hf_trained):
     try:
         client = openai.OpenAI(base_url=handle.url + "/v1", api_key="unused", timeout=120)
         assert [m.id for m in client.models.list()] == [options.model_name]
-        done = client.completions.create(
-            model=options.model_name, prompt="The station", max_tokens=5, temperature=0
+        prompt = load_corpus()[:160]  # over two prefix-cache blocks of the folder's tokens
+        cold, warm = (
+            client.completions.create(
+                model=options.model_name, prompt=prompt, max_tokens=5, temperature=0
+            )
+            for _ in range(2)
         )
-        assert done.usage.completion_tokens == 5
-        assert done.choices[0].text == _greedy(hf_trained, "The station", 5)
+        assert cold.usage.completion_tokens == 5
+        assert cold.choices[0].text == warm.choices[0].text == _greedy(hf_trained, prompt, 5)
+        hits = [done.model_extra["raytpu"]["prefix_cached_tokens"] for done in (cold, warm)]
+        assert hits[0] == 0 and hits[1] >= 32, hits
         chat = client.chat.completions.create(
             model=options.model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
         )
@@ -316,13 +325,17 @@ def test_the_exported_folder_is_served_over_the_openai_api(hf_trained):
 
 
 def _greedy(folder: str, prompt: str, tokens: int) -> str:
-    """``tokens`` greedy tokens after ``prompt`` from the folder's weights, in this process."""
+    """``tokens`` greedy tokens after ``prompt`` from the folder's weights, in this process,
+    by the cache-free reference (every token re-runs the whole sequence)."""
     from workloads.model import hf_llama
-    from workloads.serving.engine.sampler import Sampler
+    from workloads.serving.engine.decode import generate_tokens_uncached
+    from workloads.serving.engine.decoders import LlamaDecoder
 
     family = hf_llama.load_family(folder)
     params = hf_llama.load_params(folder, family.preset)
-    return Sampler(family, params, family.config.seq_len).complete(prompt, tokens, 0.0, seed=0)
+    decoder = LlamaDecoder(family, family.preset.seq_len)
+    (new,) = generate_tokens_uncached(params, decoder, [prompt], [tokens], [0.0])
+    return decoder.decode(new)
 
 
 def test_lost_host_resumes_from_the_fast_tier_of_its_peer(runs):

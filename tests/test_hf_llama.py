@@ -26,63 +26,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from gcs_fixture import gcs_or_skip
+from hf_reference import REFERENCE_CONFIG, Reference, make_reference
 
 from raytpu.presets import PRESETS, Preset, PresetError
 from workloads.data.corpus import load_corpus
-from workloads.data.text_data import tokenizer_json
 from workloads.model import hf_files, hf_llama, hf_weights, llama
 from workloads.model.family import Llama
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(300)
 
-REFERENCE_CONFIG = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-)
 PROMPT = "The old teacher walked to the"
 NEW_TOKENS = 12
 BUCKET = "raytpu-hf-test"
 
 
-@dataclasses.dataclass(frozen=True)
-class Reference:
-    folder: Path
-    model: Any
-    tokenizer: str
-
-    @property
-    def preset(self) -> Preset:
-        """The folder's preset, computing in fp32 (parity)."""
-        return dataclasses.replace(hf_llama.read_preset(str(self.folder)), dtype="float32")
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Reference:
-    from transformers import FlaxLlamaForCausalLM, LlamaConfig
-
-    model = FlaxLlamaForCausalLM(LlamaConfig(**REFERENCE_CONFIG), seed=0)
-    rng = np.random.default_rng(0)
-
-    def randomize(path: Any, leaf: Any) -> Any:
-        if path[-1].key == "weight":  # RMSNorm scales: ones from the initializer
-            return leaf + 0.2 * rng.standard_normal(leaf.shape).astype(np.float32)
-        return leaf
-
-    model.params = jax.tree_util.tree_map_with_path(randomize, model.params)
-    folder = tmp_path_factory.mktemp("hf") / "tiny-llama"
-    model.save_pretrained(folder, safe_serialization=True)
-    tokenizer = tokenizer_json(load_corpus(), REFERENCE_CONFIG["vocab_size"])
-    (folder / hf_llama.TOKENIZER).write_text(tokenizer)
-    return Reference(folder, model, tokenizer)
+    return make_reference(tmp_path_factory.mktemp("hf") / "tiny-llama")
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +58,7 @@ def tokens(reference) -> np.ndarray:
 
 
 def ours_logits(preset: Preset, params: Any, tokens: np.ndarray) -> np.ndarray:
-    return np.asarray(llama.LlamaLM(preset).apply({"params": params}, tokens))
+    return np.asarray(llama.LlamaLM(preset).apply({"params": params}, tokens)[0])
 
 
 def same_arrays(a: Any, b: Any) -> bool:
@@ -134,15 +95,8 @@ def test_greedy_decoding_matches_transformers_generate(reference, params):
         length = len(prompt) + n
         row[0, length] = int(jnp.argmax(step(params, row, jnp.array([length]))[0]))
     ours = row[0, len(prompt) : len(prompt) + NEW_TOKENS].tolist()
-    theirs = reference.model.generate(
-        jnp.array([prompt]),
-        attention_mask=jnp.ones((1, len(prompt)), jnp.int32),
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        pad_token_id=0,
-        eos_token_id=None,
-    ).sequences[0, len(prompt) :]
-    assert ours == [int(t) for t in theirs]
+    theirs = reference.generate(prompt, NEW_TOKENS)
+    assert ours == theirs
     assert len(set(ours)) > 1, "a constant continuation would not tell the models apart"
 
 

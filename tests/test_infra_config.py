@@ -16,6 +16,7 @@ from infra.config.image import git_image_tag
 from infra.config.schema import ConfigError, StackConfig
 from infra.config.stack import load_stack, parse_config
 from infra.offline import run_entrypoint
+from raytpu.ray_versions import MINIMUM_RAY_VERSION, PINNED_RAY_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -230,14 +231,21 @@ BAD_VALUES = [
         _set(("ray-tpu:rayVersion",), "latest"),
         "ray-tpu:rayVersion",
         "'latest'",
-        ">= 2.55.0",
+        f"from {MINIMUM_RAY_VERSION} to {PINNED_RAY_VERSION}",
     ),
     (
         "ray-version-old",
         _set(("ray-tpu:rayVersion",), "2.54.0"),
         "ray-tpu:rayVersion",
         "'2.54.0'",
-        ">= 2.55.0",
+        f"from {MINIMUM_RAY_VERSION} to {PINNED_RAY_VERSION}",
+    ),
+    (
+        "ray-version-untested",
+        _set(("ray-tpu:rayVersion",), "2.61.0"),
+        "ray-tpu:rayVersion",
+        "'2.61.0'",
+        "the releases the upgrade matrix passed",
     ),
     (
         "ray-version-float",

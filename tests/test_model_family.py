@@ -111,18 +111,18 @@ def test_greedy_sampling_is_deterministic_and_temperature_draws(families):
     import jax
     import numpy as np
 
-    from workloads.serving.engine.decode import pick
-    from workloads.serving.engine.sampler import Sampler
+    from workloads.serving.engine.decode import generate, pick, row_keys
+    from workloads.serving.engine.decoders import LlamaDecoder
 
     family = families["preset"]
-    sampler = Sampler(family, family.init(jax.random.PRNGKey(2)).params, 16)
-    first = sampler.complete("Once upon", 6, 0.0, seed=1)
-    assert first == sampler.complete("Once upon", 6, 0.0, seed=2)
-    assert len(family.encode(first)) >= 1
+    params, decoder = family.init(jax.random.PRNGKey(2)).params, LlamaDecoder(family, 16)
+    first = generate(params, decoder, ["Once upon"], [6], [0.0], seed=1)
+    assert first == generate(params, decoder, ["Once upon"], [6], [0.0], seed=2)
+    assert len(family.encode(first[0])) >= 1
     logits = np.asarray([[0.0, 5.0, 1.0]], np.float32)
 
     def draw(temperature: float, seed: int) -> int:
-        return int(pick(logits, np.asarray([temperature], np.float32), jax.random.PRNGKey(seed))[0])
+        return int(pick(logits, np.asarray([temperature], np.float32), row_keys([seed]))[0])
 
     assert draw(0.0, 0) == 1
     drawn = {draw(100.0, s) for s in range(40)}

@@ -20,7 +20,7 @@ from raytpu.presets import MeshConfig, ScaleConfig
 from raytpu_cli.common import SliceChoice
 from workloads.sim.local_cluster import LocalSliceCluster
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.ray, pytest.mark.long, pytest.mark.timeout(600)]
 
 V4_2X2X2 = shape("v4", "2x2x2")
 BUCKET = "raytpu-multislice"

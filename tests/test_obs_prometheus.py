@@ -36,7 +36,7 @@ from raytpu_cli.common import post_json
 from workloads.sim.gcs_emulator import GcsEmulator
 from workloads.sim.local_cluster import LocalSliceCluster, free_port
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.ray, pytest.mark.long, pytest.mark.timeout(600)]
 
 READY_TIMEOUT_S = 30.0
 DATA_TIMEOUT_S = 120.0

@@ -51,7 +51,7 @@ def _ray_versions(sample: Path) -> list[str | None]:
 
 
 def _expected_clean(sample: Path) -> bool:
-    """Judged by its own rayVersion: clean iff every object pins Ray >= 2.55.0."""
+    """Judged by its own rayVersion: clean iff every object pins Ray >= MINIMUM_RAY_VERSION."""
     versions = _ray_versions(sample)
     return bool(versions) and all(
         isinstance(v, str) and (parse_version(v) or (0,)) >= parse_version(MINIMUM_RAY_VERSION)

@@ -23,7 +23,7 @@ from policies.rules.stack import (
     check_upgrade_capacity,
     check_workload_policies,
 )
-from raytpu import catalog
+from raytpu import catalog, ray_versions
 
 V6E_4X4 = catalog.shape("v6e", "4x4")
 V6E_2X4_4T = catalog.shape("v6e", "2x4", machine_type="ct6e-standard-4t")
@@ -461,7 +461,8 @@ def test_adapter_builds_mandatory_policies_of_both_kinds(pulumi_policies):
         "tpu7x-workload-policy-advisory",
     }
     schema = pulumi_policies["pinned-ray-version"].config_schema
-    assert schema.properties["minimumVersion"]["default"] == "2.55.0"
+    assert schema.properties["minimumVersion"]["default"] == ray_versions.MINIMUM_RAY_VERSION
+    assert schema.properties["maximumVersion"]["default"] == ray_versions.PINNED_RAY_VERSION
 
 
 def test_adapter_reports_through_the_engine_proxy(pulumi_policies):

@@ -14,7 +14,7 @@ from policies.rules.exposure import (
 )
 from policies.rules.ray_version import check_ray_version
 from raytpu import catalog
-from raytpu.ray_versions import image_version
+from raytpu.ray_versions import MINIMUM_RAY_VERSION, image_version
 
 KINDS = ["RayCluster", "RayService", "RayJob"]
 SHAPE = catalog.shape("v6e", "4x4")
@@ -34,7 +34,7 @@ WORKER_IMAGE = "workerGroupSpecs[0].template.spec.containers[0].image"
 
 GOOD_IMAGES = [
     ("rayproject", "2.60.0", "rayproject/ray:2.60.0-py311"),
-    ("minimum", "2.55.0", "rayproject/ray:2.55.0"),
+    ("minimum", MINIMUM_RAY_VERSION, f"rayproject/ray:{MINIMUM_RAY_VERSION}"),
     ("registry", "2.60.0", "us-docker.pkg.dev/proj/repo/ray-tpu:2.60.0-tpu"),
     ("registry-port", "2.60.0", "localhost:5000/ray:2.60.0-py311"),
     ("tag-and-digest", "2.60.0", "rayproject/ray:2.60.0-py311@sha256:" + "a" * 64),
@@ -53,7 +53,18 @@ def test_pinned_versions_pass(kind, version, image):
 
 # (id, relative path, value, substrings of one violation)
 BAD_VERSIONS = [
-    ("old-ray", "rayVersion", "2.52.0", ["rayVersion: 2.52.0 is older than 2.55.0"]),
+    (
+        "old-ray",
+        "rayVersion",
+        "2.52.0",
+        [f"rayVersion: 2.52.0 is older than {MINIMUM_RAY_VERSION}"],
+    ),
+    (
+        "untested-newer-ray",
+        "rayVersion",
+        "2.61.0",
+        ["rayVersion: 2.61.0 is newer than 2.60.0, the newest Ray the upgrade matrix passed"],
+    ),
     ("no-ray-version", "rayVersion", DELETE, ["rayVersion: not set"]),
     ("vague-ray-version", "rayVersion", "2.60", ["'2.60' is not an explicit version"]),
     ("latest-ray-version", "rayVersion", "latest", ["'latest' is not an explicit version"]),
@@ -119,6 +130,13 @@ def test_template_image_is_never_called_untagged(image):
 def test_minimum_version_is_configurable():
     assert check_ray_version(ray(), minimum_version="2.61.0") != []
     assert check_ray_version(ray(), minimum_version="2.60.0") == []
+
+
+def test_maximum_version_is_configurable():
+    newer = ray(ray_version="2.61.0", image="rayproject/ray:2.61.0-py311")
+    newer = edit(newer, f"spec.{WORKER_IMAGE}", "rayproject/ray:2.61.0-py311")
+    assert check_ray_version(newer) != []
+    assert check_ray_version(newer, maximum_version="2.61.0") == []
 
 
 def test_bad_minimum_version_names_the_option():

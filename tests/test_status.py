@@ -18,7 +18,7 @@ import requests
 from delivery_ray_nodes import LocalRay, fake_kubectl, local_ray
 
 from raytpu_cli import main as cli
-from raytpu_cli.status import app_states, slice_states
+from raytpu_cli.status import app_states, holder_names, slice_states
 
 STACK = {
     "clusterName": "raytpu-dev",
@@ -130,7 +130,11 @@ def test_status_shows_slices_jobs_and_error_classes(
     slices = {s["name"]: s for s in found["slices"]}
     assert slices["train-0"]["state"] == "reserved"
     assert (slices["train-0"]["hosts_alive"], slices["train-0"]["hosts"]) == (2, 2)
-    assert slices["train-0"]["held_by"] == held_id
+    groups = f"{cluster.address}/api/v0/placement_groups?detail=true"
+    assert slices["train-0"]["held_by"] == held_id, (  # on failure: who holds it, and the jobs
+        found["jobs"],
+        requests.get(groups, headers=headers, timeout=30).json()["data"]["result"]["result"],
+    )
     assert slices["broken-0"]["state"] == "partial"
     assert (slices["broken-0"]["hosts_alive"], slices["broken-0"]["hosts"]) == (1, 2)
     by_id = {j["submission_id"]: j for j in found["jobs"]}
@@ -189,6 +193,50 @@ def test_slices_from_state_records() -> None:
         4,
     )
     assert (states["b-0"].state, states["b-0"].hosts_alive) == ("partial", 1)
+
+
+class _Head:
+    """A head's ``GET /api/jobs/<id>`` answers: a job record, or an error for an unknown id."""
+
+    def __init__(self, by_id: dict[str, dict]) -> None:
+        self.by_id, self.asked = by_id, []
+
+    def get(self, path: str) -> dict:
+        job_id = path.removeprefix("/api/jobs/")
+        self.asked.append(job_id)
+        if job_id not in self.by_id:
+            raise requests.HTTPError(f"404 for {path}")
+        return self.by_id[job_id]
+
+
+@pytest.mark.parametrize(
+    ("listed", "by_id", "holder", "asked"),
+    [
+        ([{"job_id": "02000000", "submission_id": "raysubmit_a"}], {}, "raysubmit_a", []),
+        (
+            [],
+            {"02000000": {"job_id": "02000000", "submission_id": "raysubmit_b"}},
+            "raysubmit_b",
+            ["02000000"],
+        ),
+        ([{"job_id": None, "submission_id": "raysubmit_c"}], {}, "02000000", ["02000000"]),
+        ([], {"02000000": {"job_id": "02000000", "submission_id": None}}, "02000000", ["02000000"]),
+    ],
+    ids=[
+        "listed-with-its-submission",
+        "missing-asked-by-id",
+        "unknown-shows-job-id",
+        "plain-driver",
+    ],
+)
+def test_a_group_creator_is_named_by_its_submission(
+    listed: list[dict], by_id: dict[str, dict], holder: str, asked: list[str]
+) -> None:
+    head = _Head(by_id)
+    groups = [{"state": "CREATED", "creator_job_id": "02000000", "bundles": [{"node_id": "a0"}]}]
+    names = holder_names(head, listed, groups)
+    assert names.get("02000000", "02000000") == holder
+    assert head.asked == asked
 
 
 def test_serve_apps_from_serve_api() -> None:

@@ -89,6 +89,25 @@ def test_a_shared_system_prompt_skips_its_prefill_and_changes_no_token(tiny, dev
     assert tokens == uncached
 
 
+def test_a_seeded_row_gives_the_same_tokens_in_any_batch_and_slot(tiny):
+    """The OpenAI API's ``seed``: a row's key is its own, not its batch's (so a batch job's
+    sampled row equals a Serve request with the seed it wrote)."""
+    from workloads.serving.engine.engine import Engine, Row
+
+    cfg, params = tiny
+    engine = Engine(params, cfg, None, (1, 2, 4), cap=16)
+    row = Row("The old teacher said", 12, 1.0, seed=7)
+    alone, _ = engine.generate([row], seed=0)
+    others = [Row("Somewhere else entirely", 12, 1.0), Row("x", 3, 0.5)]
+    (_, _, in_batch), _ = engine.generate([*others, row], seed=99)
+    assert in_batch == alone[0]
+    reseeded, _ = engine.generate([Row(row.prompt, 12, 1.0, seed=8)], seed=0)
+    assert reseeded != alone  # the seed, not the prompt alone, picks the sample
+    # Rows without a seed of their own: the batch's seed and their place decide.
+    first, _ = engine.generate(others, seed=3)
+    assert engine.generate(others, seed=3)[0] == first != engine.generate(others, seed=4)[0]
+
+
 def test_a_lookup_never_sees_half_of_a_publish(monkeypatch):
     """The directory actor serves calls concurrently: a lookup during a publish sees none of its
     blocks or all of them, never a prefix cut short."""

@@ -113,6 +113,18 @@ MODEL = "raytpu-byte-lm"
             "max_tokens: 0 is not valid; valid: an integer 1..256",
         ),
         (openai_api.COMPLETIONS, {"model": MODEL, "prompt": "hi", "best_of": 3}, 422, "best_of"),
+        (
+            openai_api.COMPLETIONS,
+            {"model": MODEL, "prompt": "hi", "seed": -1},
+            422,
+            "seed: -1 is not valid; valid: an integer 0..2147483647",
+        ),
+        (
+            openai_api.CHAT,
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "seed": "7"},
+            422,
+            "seed: '7' is not valid",
+        ),
         (openai_api.COMPLETIONS, {"model": MODEL, "prompt": "hi", "stream": "yes"}, 422, "stream"),
         (openai_api.CHAT, {"model": MODEL, "messages": []}, 422, "messages: [] is not valid"),
         (
@@ -134,6 +146,8 @@ MODEL = "raytpu-byte-lm"
         "n-2",
         "max-tokens-0",
         "unknown-field",
+        "negative-seed",
+        "seed-not-int",
         "stream-not-bool",
         "no-messages",
         "bad-role",
@@ -157,6 +171,9 @@ def test_chat_renders_roles_and_stream_events_end_with_done():
     request = openai_api.parse(openai_api.CHAT, json.dumps(body).encode(), MODEL)
     assert request.generate.prompt == "system: Be brief.\nuser: Hi\nassistant:"
     assert request.generate.max_new_tokens == 3 and request.stream
+    assert request.generate.seed is None
+    seeded = openai_api.parse(openai_api.CHAT, json.dumps({**body, "seed": 7}).encode(), MODEL)
+    assert seeded.generate.seed == 7  # the engine's row seed (same seed, same sample)
     completion = openai_api.Completion(request)
     euro = list("€".encode())  # 3 bytes split over two events arrive as one character
     first = completion.event(euro[:2], last=False).decode()
@@ -370,7 +387,7 @@ rows = place(np.ones(4, np.int32))
 texts = [
     fns["prefill"].lower(params, kv, place(np.ones((4, 16), np.int32)), rows * 0, rows),
     fns["decode"].lower(params, kv, place(np.zeros((4, 256), np.float32)), rows,
-                        place(np.zeros(4, np.float32)), jax.random.PRNGKey(0), jnp.int32(2), cap=8),
+                        place(np.zeros(4, np.float32)), place(d.row_keys(range(4))), jnp.int32(2), cap=8),
 ]
 local = place(np.array([0, 2, 1, 2], np.int32))  # a width group: rows 0 and 1 of two devices
 texts += [

@@ -345,7 +345,7 @@ def test_decode_resumes_and_a_cached_prefix_block_replaces_its_prefill():
     once, _ = d.decode(params, cfg, whole, 8)
 
     kv = d.write_block(cfg, d.new_cache(cfg, 1, None), block, 0, 0)
-    state = d.prefill(params, cfg, kv, d.PrefillInputs(tuple(ids), (16,), (0.0,), seed=5))
+    state = d.prefill(params, cfg, kv, d.PrefillInputs(tuple(ids), (16,), (0.0,), (5,)))
     first, state = d.decode(params, cfg, state, 3)
     rest, _ = d.decode(params, cfg, state, 5)
     assert once.tolist() == [[*first[0].tolist(), *rest[0].tolist()]]
@@ -392,6 +392,37 @@ def test_an_interrupt_during_start_up_stops_the_cluster_and_is_not_retried(
     with pytest.raises(KeyboardInterrupt, match="SIGINT"):
         cluster.start()
     assert calls == ["start", "stop"]
+
+
+@pytest.mark.parametrize(
+    ("failures", "timeout_s", "starts", "started"),
+    [
+        (2, 180.0, 3, True),
+        (3, 180.0, 3, False),
+        (1, 20.0, 1, False),
+    ],
+    ids=["third-try-starts", "every-try-fails", "no-time-left-for-another"],
+)
+def test_a_failed_start_up_is_tried_again_while_time_is_left(
+    monkeypatch: pytest.MonkeyPatch, failures: int, timeout_s: float, starts: int, started: bool
+) -> None:
+    cluster = LocalSliceCluster([Slice("train", V6E_2X4_4T, 1)], start_timeout_s=timeout_s)
+    calls: list[str] = []
+
+    def start_once(began: float) -> None:
+        calls.append("start")
+        if calls.count("start") <= failures:
+            raise RuntimeError("The current node timed out during startup")
+
+    monkeypatch.setattr(cluster, "_start_once", start_once)
+    monkeypatch.setattr(cluster, "stop", lambda: calls.append("stop"))
+    if started:
+        assert cluster.start() is cluster
+    else:
+        with pytest.raises(RuntimeError, match="timed out during startup"):
+            cluster.start()
+    assert calls.count("start") == starts
+    assert calls.count("stop") == min(failures, starts)
 
 
 @pytest.mark.parametrize(

@@ -20,13 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pulumi
-import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from infra.components import custom_resource
+from infra.components.iap_front import declare_front
 from infra.config.schema import DashboardIapConfig
 from infra.manifests import dashboard_iap as spec
-from raytpu.gke_iap import IAP_ACCESSOR_ROLE
 
 
 @dataclass(frozen=True)
@@ -115,38 +114,20 @@ class DashboardIap(pulumi.ComponentResource):
                 child, pulumi.ResourceOptions(depends_on=[self.backend_config])
             ),
         )
-        address_name = spec.address_name(args.cluster_name, iap)
-        self.address = gcp.compute.GlobalAddress(
-            f"{name}-ip",
-            name=address_name,
-            project=args.project,
-            description=f"Ray Dashboard of {iap.kind}/{iap.name} behind IAP ({iap.host})",
-            opts=pulumi.ResourceOptions(parent=self),
-        )
-        ingress = spec.ingress(iap, address_name)
-        self.ingress = k8s.networking.v1.Ingress(
+        front = declare_front(
             name,
-            metadata=ingress["metadata"],
-            spec=ingress["spec"],
-            opts=pulumi.ResourceOptions.merge(
-                child,
-                pulumi.ResourceOptions(
-                    depends_on=[self.service, self.certificate, self.backend_config, self.address]
-                ),
-            ),
+            spec.endpoint(iap),
+            project=args.project,
+            cluster_name=args.cluster_name,
+            members=iap.members,
+            title=f"ray-dashboard-{iap.name}",
+            address_description=f"Ray Dashboard of {iap.kind}/{iap.name} behind IAP ({iap.host})",
+            after=[self.service, self.certificate, self.backend_config],
+            parent=self,
+            child=child,
         )
-        condition = spec.iam_condition(iap)
-        self.members = [
-            gcp.iap.WebTypeComputeIamMember(
-                f"{name}-access-{member.replace(':', '-')}",
-                project=args.project,
-                role=IAP_ACCESSOR_ROLE,
-                member=member,
-                condition=gcp.iap.WebTypeComputeIamMemberConditionArgs(**condition),
-                opts=pulumi.ResourceOptions(parent=self),
-            )
-            for member in iap.members
-        ]
+        self.address, self.ingress, self.members = front.address, front.ingress, front.members
+        address_name = front.address_name
         self.url = f"https://{iap.host}/"
         self.outputs = {
             "url": self.url,

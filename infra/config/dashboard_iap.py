@@ -27,6 +27,18 @@ MEMBER_VALID = (
 )
 
 
+def iam_members(problems: Problems, path: str, raw: Any) -> tuple[str, ...] | None:
+    """The IAM principals at ``path`` (a non-empty list), each checked, without repeats; None
+    (each bad one reported) when any is not a principal."""
+    if not isinstance(raw, list) or not raw:
+        problems.bad(path, raw, f"a non-empty list of IAM principals: {MEMBER_VALID}")
+        return None
+    bad = [(i, m) for i, m in enumerate(raw) if not isinstance(m, str) or not MEMBER_RE.match(m)]
+    for index, member in bad:
+        problems.bad(f"{path}[{index}]", member, MEMBER_VALID)
+    return None if bad else tuple(dict.fromkeys(raw))
+
+
 def _ray_object(section: Section, objects: Mapping[str, Sequence[Any]]) -> tuple[str, Any] | None:
     """(kind, object config) named by ``rayObject``: ``Kind/name`` or a bare ``name``."""
     raw = section.get("rayObject", str, valid="Kind/name or name of a RayCluster or RayService")
@@ -76,13 +88,7 @@ def parse_dashboard_iap(
         valid=f"a non-empty list of IAM principals: {MEMBER_VALID}",
         check=bool,
     )
-    bad = [
-        (index, member)
-        for index, member in enumerate(members or ())
-        if not isinstance(member, str) or not MEMBER_RE.match(member)
-    ]
-    for index, member in bad:
-        problems.bad(f"{s.sub('members')}[{index}]", member, MEMBER_VALID)
+    members = None if members is None else iam_members(problems, s.sub("members"), members)
     secret = s.get(
         "oauthSecret",
         str,
@@ -90,7 +96,7 @@ def parse_dashboard_iap(
         valid=f"a Kubernetes Secret name ({name_valid(63)}) holding client_id and client_secret",
         check=name_check(63),
     )
-    if found is None or host is None or members is None or bad:
+    if found is None or host is None or members is None:
         return None
     kind, obj = found
     return DashboardIapConfig(
@@ -98,6 +104,6 @@ def parse_dashboard_iap(
         name=obj.name,
         namespace=obj.namespace,
         host=host,
-        members=tuple(dict.fromkeys(members)),
+        members=members,
         oauth_secret=secret,
     )

@@ -9,10 +9,17 @@ from typing import Any
 from infra.config.reader import Problems
 from infra.config.schema import NAMESPACE
 from raytpu import catalog, generations
-from raytpu.ray_versions import MINIMUM_RAY_VERSION, image_version, parse_version
+from raytpu.ray_versions import (
+    MINIMUM_RAY_VERSION,
+    PINNED_RAY_VERSION,
+    image_version,
+    parse_version,
+)
 
 MIN_RAY_VERSION = parse_version(MINIMUM_RAY_VERSION)
-"""Ray's slice placement (``ray.util.tpu.slice_placement_group``) needs 2.55 or later."""
+"""The oldest Ray the upgrade matrix passed (the slice API is in 2.55 on)."""
+MAX_RAY_VERSION = parse_version(PINNED_RAY_VERSION)
+"""The newest Ray the upgrade matrix passed: the pinned one."""
 MIN_GKE_VERSION = "1.30.0-gke.1747000"
 """The Ray Operator add-on needs this GKE version or later."""
 FLEX_START_TPU_GKE_VERSION = "1.33.0-gke.1712000"
@@ -57,8 +64,10 @@ def gke_version_ok(text: str, minimum_text: str = MIN_GKE_VERSION) -> bool:
 
 def parse_ray_version(problems: Problems, value: Any) -> str | None:
     path = f"{NAMESPACE}:rayVersion"
-    minimum = ".".join(str(p) for p in MIN_RAY_VERSION)
-    valid = f"an explicit Ray version X.Y.Z >= {minimum}, quoted (e.g. '2.60.0'); never 'latest'"
+    valid = (
+        f"an explicit Ray version X.Y.Z from {MINIMUM_RAY_VERSION} to {PINNED_RAY_VERSION} (the "
+        f"releases the upgrade matrix passed), quoted (e.g. '{PINNED_RAY_VERSION}'); never 'latest'"
+    )
     if value is None:
         problems.bad(path, None, valid)
         return None
@@ -66,7 +75,7 @@ def parse_ray_version(problems: Problems, value: Any) -> str | None:
         problems.bad(path, value, valid, "quote it: YAML reads 2.60 as a number")
         return None
     parsed = parse_version(value)
-    if parsed is None or parsed < MIN_RAY_VERSION:
+    if parsed is None or not MIN_RAY_VERSION <= parsed <= MAX_RAY_VERSION:
         problems.bad(path, value, valid)
         return None
     return value

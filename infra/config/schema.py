@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
+from infra.config.notebook_schema import NotebooksConfig
 from infra.config.team_schema import PriorityClassConfig, TeamConfig
 from raytpu.catalog import SliceShape
 from raytpu.errors import invalid
@@ -347,6 +348,8 @@ class StackConfig:
     teams: tuple[TeamConfig, ...] = ()
     """Teams sharing the slices through Kueue (docs/governance.md)."""
     priority_classes: tuple[PriorityClassConfig, ...] = ()
+    notebooks: NotebooksConfig | None = None
+    """``ray-tpu:notebooks``: JupyterLab next to the Ray clusters (docs/notebooks.md); None: none."""
     vllm_image: str | None = None
     """The image ``Dockerfile.vllm`` builds (``REGISTRY/ray-vllm:<rayVersion>-py312-vllm-tpu<pin>-
     <imageTag>``): what a RayService with ``engine: vllm`` runs unless it names its own."""

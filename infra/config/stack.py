@@ -27,6 +27,7 @@ from infra.config.gcp_rules import (
     zone_region,
 )
 from infra.config.image import parse_image, vllm_image, worker_image
+from infra.config.notebooks import parse_notebooks
 from infra.config.ray_objects import SECTIONS, with_upgrade_defaults
 from infra.config.reader import Problems, check_unique, list_of
 from infra.config.schema import NAMESPACE, ConfigError, ImageConfig, SliceConfig, StackConfig
@@ -52,6 +53,7 @@ _TOP_KEYS = (
     "storage",
     "teams",
     "priorityClasses",
+    "notebooks",
 )
 
 
@@ -129,6 +131,9 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
     priorities = parse_priority_classes(problems, raw.get(f"{NAMESPACE}:priorityClasses"))
     teams = parse_teams(problems, raw.get(f"{NAMESPACE}:teams"), slices.by_name, priorities)
     check_team_objects(problems, teams, priorities, slices.by_name, object_paths)
+    notebooks = parse_notebooks(
+        problems, raw.get(f"{NAMESPACE}:notebooks"), teams, objects.clusters, images.ray_version
+    )
 
     if problems.errors:
         raise ConfigError(problems.errors)
@@ -150,6 +155,7 @@ def parse_config(raw: Mapping[str, Any]) -> StackConfig:
         ray_jobs=tuple(objects.jobs),
         teams=teams,
         priority_classes=priorities,
+        notebooks=notebooks,
         vllm_image=images.vllm,
     )
 

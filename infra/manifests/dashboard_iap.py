@@ -16,11 +16,10 @@ is for looking; jobs are submitted with ``raytpu submit`` under the user's own c
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from infra.config.schema import DashboardIapConfig
-from infra.manifests import kuberay, ray_access, ray_auth
+from infra.manifests import iap_endpoint, kuberay, ray_access, ray_auth
 from raytpu import gke_iap
 from raytpu.ray_names import DASHBOARD_PORT
 
@@ -45,17 +44,24 @@ def proxy_name(iap: DashboardIapConfig) -> str:
     return f"{base_name(iap)}-proxy"
 
 
+def endpoint(iap: DashboardIapConfig) -> iap_endpoint.IapEndpoint:
+    """The IAP endpoint in front of the proxy's Service."""
+    return iap_endpoint.IapEndpoint(
+        name=base_name(iap),
+        namespace=iap.namespace,
+        labels=_labels(iap),
+        host=iap.host,
+        service=proxy_name(iap),
+        service_port=SERVICE_PORT,
+        health_path=HEALTH_PATH,
+        health_port=PROXY_PORT,
+        oauth_secret=iap.oauth_secret,
+        description=f"Ray Dashboard of {iap.kind}/{iap.name}",
+    )
+
+
 def backend_config_name(iap: DashboardIapConfig) -> str:
-    return f"{base_name(iap)}-iap"
-
-
-def certificate_name(iap: DashboardIapConfig) -> str:
-    return f"{base_name(iap)}-cert"
-
-
-def address_name(cluster: str, iap: DashboardIapConfig) -> str:
-    """The global static IP's name: ``<cluster>-<object>-dashboard``, at most 63 characters."""
-    return f"{cluster}-{base_name(iap)}"[:63].rstrip("-")
+    return iap_endpoint.backend_config_name(endpoint(iap))
 
 
 def token_secret(iap: DashboardIapConfig, credential: str) -> tuple[str, str] | None:
@@ -208,10 +214,7 @@ def deployment(iap: DashboardIapConfig, credential: str) -> dict[str, Any]:
 
 def service(iap: DashboardIapConfig) -> dict[str, Any]:
     """ClusterIP, container-native (NEG), with the IAP BackendConfig for its port."""
-    annotations = {
-        gke_iap.NEG_ANNOTATION: json.dumps({"ingress": True}),
-        gke_iap.BACKEND_CONFIG_ANNOTATION: json.dumps({"default": backend_config_name(iap)}),
-    }
+    annotations = iap_endpoint.service_annotations(endpoint(iap))
     return {
         "metadata": _meta(proxy_name(iap), iap, annotations=annotations),
         "spec": {
@@ -225,67 +228,21 @@ def service(iap: DashboardIapConfig) -> dict[str, Any]:
 
 
 def backend_config(iap: DashboardIapConfig) -> dict[str, Any]:
-    iap_spec: dict[str, Any] = {"enabled": True}
-    if iap.oauth_secret:
-        iap_spec["oauthclientCredentials"] = {"secretName": iap.oauth_secret}
-    return {
-        "apiVersion": gke_iap.BACKEND_CONFIG_API,
-        "kind": "BackendConfig",
-        "metadata": _meta(backend_config_name(iap), iap),
-        "spec": {
-            "iap": iap_spec,
-            "healthCheck": {"type": "HTTP", "requestPath": HEALTH_PATH, "port": PROXY_PORT},
-            "timeoutSec": 300,
-        },
-    }
+    return iap_endpoint.backend_config(endpoint(iap))
 
 
 def managed_certificate(iap: DashboardIapConfig) -> dict[str, Any]:
-    return {
-        "apiVersion": gke_iap.MANAGED_CERTIFICATE_API,
-        "kind": "ManagedCertificate",
-        "metadata": _meta(certificate_name(iap), iap),
-        "spec": {"domains": [iap.host]},
-    }
+    return iap_endpoint.managed_certificate(endpoint(iap))
 
 
 def ingress(iap: DashboardIapConfig, address: str) -> dict[str, Any]:
     """An external GCE Ingress: HTTPS only, on the static IP, for ``host`` only."""
-    annotations = {
-        gke_iap.INGRESS_CLASS_ANNOTATION: gke_iap.EXTERNAL_INGRESS_CLASS,
-        gke_iap.STATIC_IP_ANNOTATION: address,
-        gke_iap.MANAGED_CERTIFICATES_ANNOTATION: certificate_name(iap),
-        gke_iap.ALLOW_HTTP_ANNOTATION: "false",
-    }
-    backend = {"service": {"name": proxy_name(iap), "port": {"number": SERVICE_PORT}}}
-    return {
-        "metadata": _meta(base_name(iap), iap, annotations=annotations),
-        "spec": {
-            "rules": [
-                {
-                    "host": iap.host,
-                    "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]},
-                }
-            ]
-        },
-    }
+    return iap_endpoint.ingress(endpoint(iap), address)
 
 
 def proxy_network_policy(iap: DashboardIapConfig) -> dict[str, Any]:
     """The proxy's pods accept only Google Front Ends (traffic and health checks) on its port."""
-    return {
-        "metadata": _meta(proxy_name(iap), iap),
-        "spec": {
-            "podSelector": {"matchLabels": _labels(iap)},
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                {
-                    "from": [{"ipBlock": {"cidr": cidr}} for cidr in gke_iap.GFE_SOURCE_RANGES],
-                    "ports": [{"protocol": "TCP", "port": PROXY_PORT}],
-                }
-            ],
-        },
-    }
+    return iap_endpoint.gfe_network_policy(endpoint(iap), proxy_name(iap), _labels(iap), PROXY_PORT)
 
 
 def head_network_policy(iap: DashboardIapConfig) -> dict[str, Any]:
@@ -303,13 +260,4 @@ def head_network_policy(iap: DashboardIapConfig) -> dict[str, Any]:
                 }
             ],
         },
-    }
-
-
-def iam_condition(iap: DashboardIapConfig) -> dict[str, str]:
-    """The grant holds for requests to this host only (IAP's ``request.host`` attribute)."""
-    return {
-        "title": f"ray-dashboard-{iap.name}",
-        "description": f"Ray Dashboard of {iap.kind}/{iap.name} on {iap.host} only",
-        "expression": f'request.host == "{iap.host}"',
     }

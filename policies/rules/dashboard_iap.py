@@ -1,4 +1,5 @@
-"""Rule 5, stack level: a public Ingress reaches a Ray dashboard only through IAP.
+"""Rule 5, stack level: a public Ingress reaches a Ray dashboard or a Jupyter server only
+through IAP.
 
 A public Ingress (class other than ``gce-internal``) whose backend is a Ray dashboard needs IAP
 on that backend: the backend's Service names a BackendConfig (annotation
@@ -8,6 +9,10 @@ declares with ``spec.iap.enabled: true``. A backend is a Ray dashboard when it i
 - the dashboard port itself (8265, or the port named ``dashboard``), on any Service; or
 - a Service labelled ``ray-tpu/dashboard-proxy`` (the in-cluster proxy that adds the Ray token,
   :mod:`infra.manifests.dashboard_iap`): behind it the dashboard needs no token from the browser.
+
+A backend is a Jupyter server when its Service selects pods labelled
+``app.kubernetes.io/name: jupyterlab`` or it is port 8888 (a notebook runs any code it is sent,
+with its pod's credentials: ``ray-tpu:notebooks.iap`` declares its IAP endpoint).
 
 A Service labelled as the dashboard proxy is never ``LoadBalancer`` (a load balancer of its own
 would be a way around IAP). The resource rule ``no-public-ray-head`` keeps blocking a public
@@ -25,6 +30,7 @@ from typing import Any
 from policies.props import as_int, as_list, get, is_unknown
 from policies.resources import SERVICE, is_ingress, object_label
 from policies.rules.exposure import INTERNAL_INGRESS_CLASSES, ingress_backends
+from policies.rules.notebook import APP_LABEL, JUPYTER_PORT
 from raytpu.gke_iap import (
     BACKEND_CONFIG_ANNOTATION,
     BACKEND_CONFIG_ANNOTATIONS,
@@ -36,6 +42,10 @@ from raytpu.ray_names import DASHBOARD_PORT
 _FIX = (
     "route the Ingress to the dashboard proxy (ray-tpu:security.dashboardIap declares it) whose "
     "Service names a BackendConfig with spec.iap.enabled: true"
+)
+_JUPYTER_FIX = (
+    "name a BackendConfig with spec.iap.enabled: true in the notebook Service's "
+    "cloud.google.com/backend-config annotation (ray-tpu:notebooks.iap declares both)"
 )
 
 
@@ -78,6 +88,12 @@ def _service_port(service: Mapping[str, Any], port: Any) -> tuple[set[str], Any]
 
 def _is_dashboard_port(port: Any) -> bool:
     return as_int(port) == DASHBOARD_PORT or port == "dashboard"
+
+
+def _is_jupyter(service: Mapping[str, Any] | None, port: Any, target: Any) -> bool:
+    selector = get(service, "spec.selector") if service is not None else None
+    selected = isinstance(selector, Mapping) and selector.get(APP_LABEL[0]) == APP_LABEL[1]
+    return selected or JUPYTER_PORT in (as_int(port), as_int(target))
 
 
 def _iap_problem(
@@ -156,14 +172,17 @@ def check_dashboard_ingress(resources: Sequence[Any]) -> list[str]:
                 what = f"the Ray dashboard proxy of {labels[DASHBOARD_PROXY_LABEL]!r}"
             elif _is_dashboard_port(port) or _is_dashboard_port(target):
                 what = f"the Ray dashboard port {DASHBOARD_PORT}"
+            elif _is_jupyter(props, port, target):
+                what = "a Jupyter server"
             else:
                 continue
             problem = _iap_problem(props, keys, configs, namespace)
             if problem is None:
                 continue
+            fix = _JUPYTER_FIX if what == "a Jupyter server" else _FIX
             violations.append(
                 f"{object_label(ingress)}: {path} routes public traffic to service {name!r} "
-                f"({what}) without IAP: {problem}; {_FIX}"
+                f"({what}) without IAP: {problem}; {fix}"
             )
     return violations
 

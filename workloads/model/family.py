@@ -192,7 +192,8 @@ class Llama:
         return sharding.batch_sharding(mesh)
 
     def next_logits(self, params: Any, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
-        return _at(llama.LlamaLM(self.preset).apply({"params": params}, tokens), lengths)
+        logits, _ = llama.LlamaLM(self.preset).apply({"params": params}, tokens)
+        return _at(logits, lengths)
 
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in self._loaded.encode(text).ids]

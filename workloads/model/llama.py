@@ -53,22 +53,35 @@ def norm(preset: Preset, name: str) -> RMSNorm:
     return RMSNorm(eps=preset.rms_norm_eps, dtype=compute_dtype(preset), name=name)
 
 
-def rope(x: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding over ``[batch, seq, heads, head_dim]`` (half-split pairs)."""
-    seq, dim = x.shape[1], x.shape[-1]
+def rope(x: jax.Array, theta: float, positions: jax.Array) -> jax.Array:
+    """Rotary position embedding over ``[batch, seq, heads, head_dim]`` (half-split pairs) at
+    integer ``positions`` ``[batch, seq]``: a key depends on its absolute position only, so a
+    cached key never changes when more tokens arrive."""
+    dim = x.shape[-1]
     freqs = 1.0 / (theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
-    angles = jnp.arange(seq, dtype=jnp.float32)[:, None] * freqs[None, :]
-    sin, cos = jnp.sin(angles)[None, :, None, :], jnp.cos(angles)[None, :, None, :]
+    angles = positions[..., None].astype(jnp.float32) * freqs  # [batch, seq, dim / 2]
+    sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
 
 
+KVCache = tuple[tuple[jax.Array, jax.Array], ...]
+"""Per layer ``(keys, values)``, each ``[rows, context_len, n_kv_heads, head_dim]`` in the
+compute dtype (:func:`empty_cache`): grouped-query attention caches the key/value heads only."""
+
+
 class Attention(nn.Module):
+    """Causal grouped-query attention with RoPE. Without a cache: over ``x`` itself (training).
+    With one: ``x``'s keys/values are written at ``positions`` (beyond the cache: dropped) and
+    each query attends to every cached position up to its own (prefill and decode)."""
+
     preset: Preset
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, positions: jax.Array, cache: tuple[jax.Array, jax.Array] | None
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         p = self.preset
 
         def proj(name: str, heads: int, axis: str) -> jax.Array:
@@ -81,15 +94,21 @@ class Attention(nn.Module):
                 name=name,
             )(x)
 
-        q = rope(proj("q", p.n_heads, "heads"), p.rope_theta)
-        k = rope(proj("k", p.n_kv_heads, "kv_heads"), p.rope_theta)
+        q = rope(proj("q", p.n_heads, "heads"), p.rope_theta, positions)
+        k = rope(proj("k", p.n_kv_heads, "kv_heads"), p.rope_theta, positions)
         v = proj("v", p.n_kv_heads, "kv_heads")
+        if cache is None:
+            key_positions = positions
+        else:
+            rows = jnp.arange(x.shape[0])[:, None]
+            k = cache[0].at[rows, positions].set(k.astype(cache[0].dtype), mode="drop")
+            v = cache[1].at[rows, positions].set(v.astype(cache[1].dtype), mode="drop")
+            cache, key_positions = (k, v), jnp.arange(k.shape[1])[None, :]
         groups = p.n_heads // p.n_kv_heads
         k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(p.head_dim)
-        seq = x.shape[1]
-        causal = jnp.tril(jnp.ones((seq, seq), bool))
-        scores = jnp.where(causal[None, None], scores, jnp.finfo(jnp.float32).min)
+        visible = key_positions[:, None, :] <= positions[:, :, None]  # [batch, query, key]
+        scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)
         weights = jax.nn.softmax(scores, axis=-1).astype(compute_dtype(p))
         out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
         return nn.DenseGeneral(
@@ -100,7 +119,7 @@ class Attention(nn.Module):
             param_dtype=PARAM_DTYPE,
             kernel_init=_init(("heads", "head_dim", "embed")),
             name="o",
-        )(out)
+        )(out), cache
 
 
 class SwiGLU(nn.Module):
@@ -127,20 +146,30 @@ class DecoderLayer(nn.Module):
     preset: Preset
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, positions: jax.Array, cache: tuple[jax.Array, jax.Array] | None
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         p = self.preset
-        x = x + Attention(p, name="attention")(norm(p, "attention_norm")(x))
-        return x + SwiGLU(p, name="mlp")(norm(p, "mlp_norm")(x))
+        h, cache = Attention(p, name="attention")(norm(p, "attention_norm")(x), positions, cache)
+        x = x + h
+        return x + SwiGLU(p, name="mlp")(norm(p, "mlp_norm")(x)), cache
 
 
 class LlamaLM(nn.Module):
-    """Token embedding, ``n_layers`` decoder layers, final RMSNorm, output head (tied or not)."""
+    """Token embedding, ``n_layers`` decoder layers, final RMSNorm, output head (tied or not):
+    fp32 logits and the cache. ``positions`` default to ``0..T-1``; with a ``kv`` cache
+    (:func:`empty_cache`) the call writes this chunk's keys/values and returns the updated
+    cache (the serving engine's prefill and decode), else ``None``."""
 
     preset: Preset
 
     @nn.compact
-    def __call__(self, tokens: jax.Array) -> jax.Array:
+    def __call__(
+        self, tokens: jax.Array, positions: jax.Array | None = None, kv: KVCache | None = None
+    ) -> tuple[jax.Array, KVCache | None]:
         p = self.preset
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
         embed = nn.Embed(
             p.vocab_size,
             p.d_model,
@@ -149,9 +178,11 @@ class LlamaLM(nn.Module):
             embedding_init=_init(("vocab", "embed"), 1.0),
             name="embed",
         )
-        x = embed(tokens)
+        x, caches = embed(tokens), []
         for index in range(p.n_layers):
-            x = DecoderLayer(p, name=f"layer_{index}")(x)
+            layer = DecoderLayer(p, name=f"layer_{index}")
+            x, cache = layer(x, positions, None if kv is None else kv[index])
+            caches.append(cache)
         x = norm(p, "final_norm")(x)
         if p.tie_embeddings:
             logits = embed.attend(x)
@@ -164,7 +195,14 @@ class LlamaLM(nn.Module):
                 kernel_init=_init(("embed", "vocab")),
                 name="head",
             )(x)
-        return logits.astype(jnp.float32)
+        return logits.astype(jnp.float32), None if kv is None else tuple(caches)
+
+
+def empty_cache(preset: Preset, rows: int, context_len: int) -> KVCache:
+    """A zeroed KV cache for ``rows`` sequences of up to ``context_len`` tokens."""
+    shape = (rows, context_len, preset.n_kv_heads, preset.head_dim)
+    dtype = compute_dtype(preset)
+    return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(preset.n_layers))
 
 
 @struct.dataclass
@@ -193,7 +231,7 @@ def init_state(preset: Preset, rng: jax.Array) -> TrainState:
 def loss_fn(params: Any, preset: Preset, batch: jax.Array) -> jax.Array:
     """Mean next-token cross entropy (fp32); ``batch`` is ``[B, seq_len + 1]`` token ids."""
     inputs, targets = batch[:, :-1], batch[:, 1:]
-    logits = LlamaLM(preset).apply({"params": params}, inputs)
+    logits, _ = LlamaLM(preset).apply({"params": params}, inputs)
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 

@@ -26,7 +26,7 @@ from raytpu.entrypoints import CHECKPOINT_ENV, SERVE_FALLBACK_ENV, SERVE_TPU_DEF
 from raytpu.entrypoints import SERVE_TPU_ENV as TPU_ENV
 from raytpu.errors import invalid
 from raytpu.ray_names import LABEL_POD_TYPE, LABEL_TOPOLOGY
-from workloads import telemetry
+from workloads import ray_compat, telemetry
 from workloads.serving.fallback import FallbackConfig
 from workloads.serving.replica import ServeOptions, TextGenerator
 from workloads.serving.requests import DEFAULT_CHECKPOINT_DIR
@@ -72,10 +72,11 @@ def build_app(
     if shape is not None:
         # Only hosts of the serving slice's shape: in a cluster that also has training slices
         # of the same chip count, TPU alone would not keep replicas off them.
-        actor_options["label_selector"] = {
-            LABEL_POD_TYPE: shape.pod_type,
-            LABEL_TOPOLOGY: shape.topology,
-        }
+        actor_options.update(
+            ray_compat.label_selector_options(
+                {LABEL_POD_TYPE: shape.pod_type, LABEL_TOPOLOGY: shape.topology}
+            )
+        )
     deployment_options: dict[str, Any] = {"ray_actor_options": actor_options}
     if num_replicas is not None:
         deployment_options["num_replicas"] = num_replicas

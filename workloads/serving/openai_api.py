@@ -27,6 +27,7 @@ from workloads.serving.requests import (
     RequestError,
     check_max_tokens,
     check_prompt,
+    check_seed,
     check_temperature,
     json_reply,
     load_object,
@@ -44,6 +45,7 @@ COMPLETION_FIELDS = (
     "stream_options",
     "n",
     "user",
+    "seed",
 )
 CHAT_FIELDS = (
     "model",
@@ -55,6 +57,7 @@ CHAT_FIELDS = (
     "stream_options",
     "n",
     "user",
+    "seed",
 )
 ROLES = ("system", "user", "assistant")
 MAX_MESSAGES = 32
@@ -105,7 +108,7 @@ def parse(route: str, body: bytes, model: str) -> OpenAIRequest:
         tokens_field = "max_tokens"
     tokens = check_max_tokens(raw.get(tokens_field, DEFAULT_MAX_NEW_TOKENS), tokens_field)
     temperature = check_temperature(raw.get("temperature", DEFAULT_TEMPERATURE))
-    generate = GenerateRequest(prompt, tokens, temperature)
+    generate = GenerateRequest(prompt, tokens, temperature, check_seed(raw.get("seed")))
     return OpenAIRequest(route, model, generate, stream, include_usage)
 
 
@@ -182,8 +185,10 @@ def models(model: str) -> Reply:
 class Completion:
     """The reply to one request, whole (:meth:`whole`) or as SSE events (:meth:`event`)."""
 
-    def __init__(self, request: OpenAIRequest) -> None:
+    def __init__(self, request: OpenAIRequest, prompt_tokens: int | None = None) -> None:
         self.request = request
+        self.prompt_tokens = prompt_tokens
+        """The prompt's length in the model's tokens (default: its UTF-8 bytes, the byte LM's)."""
         chat = request.route == CHAT
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
@@ -195,7 +200,9 @@ class Completion:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.request.model}
 
     def _usage(self, completion_tokens: int) -> dict[str, int]:
-        prompt_tokens = len(self.request.generate.prompt.encode("utf-8"))
+        prompt_tokens = self.prompt_tokens
+        if prompt_tokens is None:
+            prompt_tokens = len(self.request.generate.prompt.encode("utf-8"))
         return {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -217,11 +224,12 @@ class Completion:
             200, {**payload, "choices": [choice], "usage": self._usage(tokens), **extra}
         )
 
-    def event(self, tokens: list[int], last: bool) -> bytes:
-        """One SSE event for the next ``tokens`` (bytes decoded incrementally: a character split
-        over two chunks arrives whole); after the last, ``[DONE]``."""
-        self.tokens += len(tokens)
-        text = self._decoder.decode(bytes(tokens), final=last)
+    def event(self, data: list[int], last: bool, tokens: int | None = None) -> bytes:
+        """One SSE event for the next UTF-8 bytes ``data``, made of ``tokens`` new tokens
+        (default: one per byte, the byte LM's), decoded incrementally (a character split over
+        two chunks arrives whole); after the last, ``[DONE]``."""
+        self.tokens += len(data) if tokens is None else tokens
+        text = self._decoder.decode(bytes(data), final=last)
         finish = "length" if last else None
         if self.request.route == CHAT:
             delta: dict[str, Any] = {"content": text}

@@ -87,10 +87,11 @@ class ServeOptions:
 
 @dataclass(frozen=True)
 class Job:
-    """One request in a batch; ``sink`` (streaming only) takes each chunk of its new tokens."""
+    """One request in a batch; ``sink`` (streaming only) takes each chunk of its new tokens as
+    ``(UTF-8 bytes, token count)``."""
 
     request: GenerateRequest
-    sink: Callable[[list[int]], None] | None = None
+    sink: Callable[[tuple[list[int], int]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,7 @@ class TextGenerator:
             checkpoint_dir, self._mesh, self._buckets, options, telemetry.of(self).prefix,
             MAX_NEW_TOKENS,
         )  # fmt: skip
-        self._family, self._step, self._cfg = loaded.family, loaded.step, loaded.family.config
-        self._engine, self._sampler = loaded.engine, loaded.sampler
+        self._family, self._step, self._engine = loaded.family, loaded.step, loaded.engine
         self._batcher: AdaptiveBatcher[Job, tuple[Any, dict[str, Any]]] = AdaptiveBatcher(
             self._run_batch,
             max_batch=options.max_batch_size,
@@ -146,39 +146,27 @@ class TextGenerator:
 
     def _generate(self, jobs: list[Job]) -> list[Completed]:
         """The batch's completions, one per job."""
-        from workloads.model.byte_lm import decode as text
+        from workloads.serving.engine.decoders import TextStream
         from workloads.serving.engine.engine import Row
 
         self._calls += 1
-        if self._sampler is not None:
-            return self._sample(jobs)
+        decoder = self._engine.cfg
         rows = [
-            Row(j.request.prompt, j.request.max_new_tokens, j.request.temperature) for j in jobs
+            Row(j.request.prompt, j.request.max_new_tokens, j.request.temperature, j.request.seed)
+            for j in jobs
         ]
         if jobs[0].sink is None:
             tokens, timing = self._engine.generate(rows, seed=self._calls)
             return [
-                Completed(text(t), hit, timing) for t, hit in zip(tokens, timing.hits, strict=True)
+                Completed(decoder.decode(t), hit, timing)
+                for t, hit in zip(tokens, timing.hits, strict=True)
             ]
+        texts = [TextStream(decoder, j.request.max_new_tokens) for j in jobs]
         for chunk in self._engine.stream(rows, seed=self._calls):
-            for job, tokens in zip(jobs, chunk.tokens, strict=False):
+            for job, text, tokens in zip(jobs, texts, chunk.tokens, strict=True):
                 if tokens and job.sink is not None:
-                    job.sink(tokens)
+                    job.sink((text.push(tokens), len(tokens)))
         return [Completed("", hit, chunk.timing) for hit in chunk.timing.hits]
-
-    def _sample(self, jobs: list[Job]) -> list[Completed]:
-        """A preset's completions; a streamed job gets its text's UTF-8 bytes in one chunk."""
-        from workloads.serving.engine.engine import Timing
-
-        rows = [(j.request.prompt, j.request.max_new_tokens, j.request.temperature) for j in jobs]
-        texts = [self._sampler.complete(*row, seed=self._calls) for row in rows]
-        for job, text in zip(jobs, texts, strict=True):
-            if job.sink is not None:
-                job.sink(list(text.encode("utf-8")))
-        return [
-            Completed("" if j.sink else t, PrefixHit(), Timing())
-            for j, t in zip(jobs, texts, strict=True)
-        ]
 
     async def _run_batch(self, jobs: list[Job]) -> list[tuple[Any, dict]]:
         """Each job's text (or its exception) and what the replica says about it."""
@@ -218,6 +206,20 @@ class TextGenerator:
         )
         return result.text, extra
 
+    def _check_fits(self, generate: GenerateRequest, field: str) -> None:
+        """Refuse (422) more new tokens than the model's context holds after one prompt token."""
+        context = self._engine.cfg.context_len
+        if generate.max_new_tokens >= context:
+            valid = f"1..{context - 1} (this model's context_len is {context})"
+            raise RequestError(422, invalid(field, generate.max_new_tokens, valid))
+
+    def _prompt_tokens(self, request: Any) -> int:
+        """The prompt's length in the model's tokens, as the engine reads it (cut to fit)."""
+        from workloads.serving.engine import decode
+
+        generate = request.generate
+        return len(decode.prompt_ids(self._engine.cfg, generate.prompt, generate.max_new_tokens))
+
     def describe(self) -> dict[str, Any]:
         """Where this replica computes: its local devices, the devices every parameter is on,
         and the sharding of one batch and of its logits, read off the arrays themselves; and
@@ -226,10 +228,7 @@ class TextGenerator:
 
         from workloads.serving.engine import decode
 
-        if self._engine is None:  # a preset: no KV cache, no prefix cache
-            extra = {"buckets": list(self._buckets), "batches": list(self._batcher.batches)}
-            return {**self._sampler.describe(), **extra, "prefix": None}
-        rows, cfg = self._buckets[0], self._cfg
+        rows, cfg = self._buckets[0], self._engine.cfg
         kv = decode.new_cache(cfg, rows, self._mesh)
         ids = [decode.prompt_ids(cfg, " ", 1)] * rows
         inputs = decode.PrefillInputs.fresh(ids, [0.0] * rows)
@@ -251,6 +250,7 @@ class TextGenerator:
             "prefix": prefix.counts.to_dict() if prefix else None,
             "context_len": cfg.context_len,
             "family": self._family.name,
+            "model": getattr(self._family.config, "name", ""),
         }
 
     def drain(self, draining: bool) -> bool:
@@ -291,6 +291,7 @@ class TextGenerator:
         with self._batcher.admit() as ticket:
             _post_only(method)
             parsed = parse_request(body)
+            self._check_fits(parsed, "max_new_tokens")
             result, extra = await self._batcher.submit(Job(parsed), ticket)
         (reply,) = render_replies([parsed], [result], extra)
         yield self._head(reply.status)
@@ -301,8 +302,9 @@ class TextGenerator:
         with self._batcher.admit() as ticket:
             _post_only(method)
             request = openai_api.parse(route, body, self._options.model_name)
+            self._check_fits(request.generate, "max_tokens")
             if request.stream:
-                chunks: asyncio.Queue[list[int]] = asyncio.Queue()
+                chunks: asyncio.Queue[tuple[list[int], int]] = asyncio.Queue()
                 loop = asyncio.get_running_loop()
                 sink = functools.partial(loop.call_soon_threadsafe, chunks.put_nowait)
                 done = self._batcher.enqueue(Job(request.generate, sink), ticket)
@@ -310,7 +312,8 @@ class TextGenerator:
                 result, extra = await self._batcher.submit(Job(request.generate), ticket)
         if request.stream:
             yield self._head(200, "text/event-stream")
-            async for event in stream_events(openai_api.Completion(request), chunks, done):
+            completion = openai_api.Completion(request, self._prompt_tokens(request))
+            async for event in stream_events(completion, chunks, done):
                 yield event
             return
         if isinstance(result, Exception):
@@ -319,7 +322,8 @@ class TextGenerator:
             return
         # No stop sequences: every request gets exactly its max_new_tokens bytes.
         tokens = request.generate.max_new_tokens
-        reply = openai_api.Completion(request).whole(result, tokens, {"raytpu": extra})
+        completion = openai_api.Completion(request, self._prompt_tokens(request))
+        reply = completion.whole(result, tokens, {"raytpu": extra})
         yield self._head(reply.status)
         yield reply.body
 
@@ -358,8 +362,8 @@ async def stream_events(
         getter = asyncio.ensure_future(chunks.get())
         await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
         if getter.done():
-            tokens = getter.result()
-            yield completion.event(tokens, last=completion.tokens + len(tokens) >= wanted)
+            data, tokens = getter.result()
+            yield completion.event(data, completion.tokens + tokens >= wanted, tokens)
             continue
         getter.cancel()
         if chunks.empty():

@@ -1,6 +1,6 @@
-"""What a Serve replica decodes with: the checkpoint's model family, and for it the byte LM's
-KV-cached engine (:mod:`workloads.serving.engine`, prefix cache included) or a preset's
-:class:`workloads.serving.engine.sampler.Sampler` (the family's decode step, no KV cache).
+"""What a Serve replica decodes with: the checkpoint's model family and, for the byte LM and a
+Llama preset or Hugging Face folder alike, the KV-cached engine (:mod:`workloads.serving.engine`,
+prefix cache included) over that family's decoder (:mod:`workloads.serving.engine.decoders`).
 
 jax is imported inside: the driver imports :mod:`workloads.serving.replica` without it.
 """
@@ -11,15 +11,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+SERVE_CONTEXT = 1024
+"""A Llama replica's KV-cache length per row (prompt plus new tokens), at most its
+``seq_len`` (a Hugging Face folder's ``max_position_embeddings``)."""
+
 
 @dataclass(frozen=True, eq=False)
 class ReplicaModel:
-    """A replica's restored checkpoint: exactly one of ``engine`` and ``sampler`` is set."""
+    """A replica's restored checkpoint, its model family, and the engine that decodes it."""
 
     family: Any
     step: int
-    engine: Any = None
-    sampler: Any = None
+    engine: Any
 
 
 def load_replica_model(
@@ -30,23 +33,28 @@ def load_replica_model(
     on_prefix: Callable[..., None],
     max_new_tokens: int,
 ) -> ReplicaModel:
-    """The latest checkpoint's parameters replicated over ``mesh`` and what decodes them;
-    ``options`` (:class:`workloads.serving.replica.ServeOptions`) says how the byte LM's prefix
-    cache is sized and whether every bucket is compiled now. ``checkpoint_dir`` is a run's
-    Orbax directory or a Hugging Face Llama folder (``config.json`` and safetensors, local or
-    ``gs://``: :mod:`workloads.model.hf_llama`; its step is 0)."""
+    """The latest checkpoint's parameters replicated over ``mesh`` and the KV-cached engine
+    that decodes them; ``options`` (:class:`workloads.serving.replica.ServeOptions`) says how
+    the prefix cache is sized and whether every bucket is compiled now. ``checkpoint_dir`` is
+    a run's Orbax directory (the byte LM or a preset) or a Hugging Face Llama folder
+    (``config.json`` and safetensors, local or ``gs://``: :mod:`workloads.model.hf_llama`; its
+    step is 0)."""
     from workloads.model import byte_lm as model
-    from workloads.model.family import ByteLM
-    from workloads.serving.engine.sampler import Sampler
 
     params, family, step = _restore(checkpoint_dir, model.replicated(mesh))
-    if family.name != ByteLM.name:  # a preset: the family's decode step over its window
-        return ReplicaModel(family, step, sampler=Sampler(family, params, family.config.seq_len))
-    return ReplicaModel(
-        family,
-        step,
-        engine=_engine(params, family.config, mesh, buckets, options, on_prefix, max_new_tokens),
-    )
+    decoder = _decoder(family)
+    engine = _engine(params, decoder, mesh, buckets, options, on_prefix, max_new_tokens)
+    return ReplicaModel(family, step, engine)
+
+
+def _decoder(family: Any) -> Any:
+    """The engine's decoder for the checkpoint's family (its name says which)."""
+    from workloads.model.family import ByteLM
+    from workloads.serving.engine.decoders import ByteDecoder, LlamaDecoder
+
+    if family.name == ByteLM.name:
+        return ByteDecoder(family.config)
+    return LlamaDecoder(family, min(family.preset.seq_len, SERVE_CONTEXT))
 
 
 def _restore(checkpoint_dir: str, replicated: Any) -> tuple[Any, Any, int]:
@@ -65,14 +73,14 @@ def _restore(checkpoint_dir: str, replicated: Any) -> tuple[Any, Any, int]:
 
 def _engine(
     params: Any,
-    cfg: Any,
+    decoder: Any,
     mesh: Any,
     buckets: tuple[int, ...],
     options: Any,
     on_prefix: Callable[..., None],
     max_new_tokens: int,
 ) -> Any:
-    """The byte LM's engine and prefix cache, compiled now, not on a request."""
+    """The engine and its prefix cache, compiled now, not on a request."""
     from workloads.model import byte_lm as model
     from workloads.serving.engine.engine import Engine
     from workloads.serving.engine.prefix_cache import PrefixCache, directory
@@ -80,13 +88,13 @@ def _engine(
     prefix = None
     if options.prefix_cache:
         prefix = PrefixCache(
-            cfg,
-            f"{model.params_digest(params)}:{cfg}",
+            decoder,
+            f"{model.params_digest(params)}:{decoder}",
             device_blocks=options.device_blocks,
             host_blocks=options.host_blocks,
             shared=directory() if options.shared_prefix else None,
             on_counts=on_prefix,
         )
-    engine = Engine(params, cfg, mesh, buckets, prefix, max_new_tokens)
+    engine = Engine(params, decoder, mesh, buckets, prefix, max_new_tokens)
     engine.warm_up(options.precompile)
     return engine

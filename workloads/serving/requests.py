@@ -34,7 +34,7 @@ request. On ``n`` devices the buckets are the multiples of ``n`` (:func:`batch_b
 MAX_BATCH_SIZE = BATCH_BUCKETS[-1]
 
 DEFAULT_CHECKPOINT_DIR = "/tmp/raytpu/checkpoints"
-FIELDS = ("prompt", "max_new_tokens", "temperature")
+FIELDS = ("prompt", "max_new_tokens", "temperature", "seed")
 
 
 class Clipped:
@@ -60,6 +60,8 @@ class GenerateRequest:
     prompt: str
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = DEFAULT_TEMPERATURE
+    seed: int | None = None
+    """Sampling seed: the same prompt, temperature and seed give the same tokens (None: any)."""
 
 
 def parse_request(body: bytes) -> GenerateRequest:
@@ -75,6 +77,7 @@ def parse_request(body: bytes) -> GenerateRequest:
             raw.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS), "max_new_tokens"
         ),
         temperature=check_temperature(raw.get("temperature", DEFAULT_TEMPERATURE)),
+        seed=check_seed(raw.get("seed")),
     )
 
 
@@ -120,6 +123,18 @@ def check_max_tokens(tokens: Any, field: str) -> int:
     if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_NEW_TOKENS:
         raise RequestError(422, invalid(field, tokens, f"an integer 1..{MAX_NEW_TOKENS}"))
     return tokens
+
+
+MAX_SEED = 2**31 - 1
+
+
+def check_seed(seed: Any) -> int | None:
+    """``seed``: absent (None) or an integer 0..2**31-1."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise RequestError(422, invalid("seed", seed, f"an integer 0..{MAX_SEED}"))
+    return seed
 
 
 def check_temperature(temperature: Any) -> float:

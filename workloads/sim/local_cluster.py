@@ -51,6 +51,7 @@ from raytpu.ray_names import (
     host_key,
     shape_labels,
 )
+from workloads import ray_compat
 from workloads.sim.local_processes import (  # free_port: imported from here by many
     agent_ports,
     free_port,
@@ -65,8 +66,11 @@ logger = logging.getLogger(__name__)
 # Ray's node label keys (ray._raylet.RAY_NODE_TPU_*_KEY); spelled out so that building the specs
 # does not import Ray.
 
-DEFAULT_START_TIMEOUT_S = 120.0
-"""Bound on bringing up all nodes (the 2-core machine needs ~5 s per node)."""
+DEFAULT_START_TIMEOUT_S = 180.0
+"""Bound on bringing up all nodes, every try included (the 2-core machine needs ~5 s per node;
+a try that fails on Ray's fixed start-up limits costs 30 to 60 s)."""
+START_ATTEMPTS = 3
+"""Tries at starting the cluster within :data:`DEFAULT_START_TIMEOUT_S` (see ``start``)."""
 
 
 class SliceLike(Protocol):
@@ -220,16 +224,19 @@ class LocalSliceCluster:
     def start(self) -> LocalSliceCluster:
         """Start the head and all hosts; on any failure stop what started and re-raise.
 
-        One retry, within the same ``start_timeout_s``: on a machine overloaded by other work a
-        raylet can die at start-up waiting for its agents' port files (Ray issues #62883 and
-        #65983: a fixed 15 s limit). Agent ports are pinned up front to make that rarer. Never
+        Up to :data:`START_ATTEMPTS` tries, within the same ``start_timeout_s``: on a machine
+        overloaded by other work a raylet can die at start-up waiting for its agents' port files
+        (Ray issues #62883 and #65983: a fixed 15 s limit), or the head's raylet not register
+        within Ray's fixed 30 s ("The current node timed out during startup"; seen twice in a row
+        here while another simulated cluster trained beside it). Agent ports are pinned up front
+        to make that rarer. Never
         after SIGINT/SIGTERM: an interrupt stops the start even where Python ignored the
         ``KeyboardInterrupt`` (raised inside logging's at-fork hook while Ray spawns a process).
         """
         if self._cluster is not None:
             return self
         began = time.monotonic()
-        for attempt in (1, 2):
+        for attempt in range(1, START_ATTEMPTS + 1):
             try:
                 self._start_once(began)
                 if self.interrupted:  # a signal some Ray start-up code caught: still a stop
@@ -239,9 +246,16 @@ class LocalSliceCluster:
                 self.stop()
                 if self.interrupted:  # the Ctrl-C also killed the group's Ray processes
                     raise KeyboardInterrupt(f"signal {self.interrupted}") from error
-                if attempt == 2 or self._start_timeout_s - (time.monotonic() - began) < 30:
+                left_s = self._start_timeout_s - (time.monotonic() - began)
+                if attempt == START_ATTEMPTS or left_s < 30:
                     raise
-                logger.warning("local slice cluster did not start (%s); retrying once", error)
+                logger.warning(
+                    "local slice cluster did not start (%s); try %d of %d in %.0f s left",
+                    error,
+                    attempt + 1,
+                    START_ATTEMPTS,
+                    left_s,
+                )
             except BaseException:
                 self.stop()
                 raise
@@ -256,7 +270,6 @@ class LocalSliceCluster:
 
     def _start_once(self, began: float) -> None:
         import ray
-        from ray.cluster_utils import Cluster
 
         # The address is fixed up front so every node's processes get RAY_ADDRESS: Ray's own
         # helpers that auto-detect "the" cluster (Ray Train's PlacementGroupCleaner uses the
@@ -270,9 +283,8 @@ class LocalSliceCluster:
         # Short: Ray's socket paths under each temp folder must stay below 108 bytes.
         self._root = Path(tempfile.mkdtemp(prefix="raytpu-hosts-"))
         head_dir = self._node_dir("head")  # Ray's temp folder stays its default (/tmp/ray)
-        self._cluster = Cluster(
-            initialize_head=True,
-            head_node_args={
+        self._cluster = ray_compat.local_cluster(
+            {
                 "num_cpus": self._head_cpus,
                 "include_dashboard": False,
                 "gcs_server_port": gcs_port,

@@ -12,6 +12,8 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+from workloads import ray_compat
+
 logger = logging.getLogger(__name__)
 
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
@@ -37,22 +39,14 @@ def token_auth() -> Iterator[bool]:
     previous_token = os.environ.get(AUTH_TOKEN_ENV)
     os.environ[AUTH_MODE_ENV] = "token"
     os.environ[AUTH_TOKEN_ENV] = previous_token or secrets.token_hex(32)
-    _reload_ray_auth()
+    ray_compat.reload_auth()
     try:
         yield True
     finally:
         os.environ.pop(AUTH_MODE_ENV, None)
         if previous_token is None:
             os.environ.pop(AUTH_TOKEN_ENV, None)
-        _reload_ray_auth()
-
-
-def _reload_ray_auth() -> None:
-    """Ray caches its config and token at import: make this process see the current env."""
-    from ray._raylet import AuthenticationTokenLoader, Config
-
-    Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()
+        ray_compat.reload_auth()
 
 
 def names_address(text: str, gcs_address: str) -> bool:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from raytpu.ray_names import host_key
+from workloads import ray_compat
 from workloads.sim.local_processes import agent_ports, kill_processes_with_env
 
 logger = logging.getLogger(__name__)
@@ -73,14 +74,12 @@ class NodePool:
 
     def _run(self) -> None:
         import ray
-        from ray._private import state
-        from ray.core.generated.common_pb2 import NodeDeathInfo
         from ray.exceptions import RayError
 
         doomed: dict[str, float] = {}  # node id -> its deadline (ms); a node seen draining
         while not self._stop.wait(POLL_S):
             try:
-                draining = state.state.get_draining_nodes()
+                draining = ray_compat.draining_nodes()
                 nodes = ray.nodes()
             except (RayError, ConnectionError) as error:
                 logger.warning("node pool: cannot read the nodes: %s", error)
@@ -92,7 +91,7 @@ class NodePool:
                 (n["NodeID"], 0)
                 for n in nodes
                 if not n["Alive"]
-                and n.get("DeathReason") == NodeDeathInfo.AUTOSCALER_DRAIN_PREEMPTED
+                and ray_compat.preempted_by_drain(n)
                 and n["NodeID"] not in self._handled
             )
             now_ms = time.time() * 1000

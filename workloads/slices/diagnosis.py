@@ -73,11 +73,11 @@ def _holders(by_slice: dict[str, list[dict[str, Any]]], own: set[str]) -> dict[s
     """Per slice name, the created placement groups with a bundle on one of its hosts: "this
     request" for an id in ``own``, else the group's name or ``unnamed <id prefix>`` (Ray
     Train's and ``slice_placement_group``'s are unnamed)."""
-    from ray.util import placement_group_table
+    from workloads import ray_compat
 
     slice_of = {node["NodeID"]: name for name, members in by_slice.items() for node in members}
     holders: dict[str, list[str]] = {}
-    for pg_id, pg in sorted(placement_group_table().items()):
+    for pg_id, pg in sorted(ray_compat.placement_groups().items()):
         if pg.get("state") != "CREATED":
             continue
         label = "this request" if pg_id in own else (pg.get("name") or f"unnamed {pg_id[:8]}")

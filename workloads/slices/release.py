@@ -27,12 +27,13 @@ def remove_placement_groups(placement_groups: list[Any], settle_s: float = SETTL
     they free may be what a pending one of this same request was waiting for.
     """
     import ray
-    from ray.util import placement_group_table
     from ray.util.placement_group import remove_placement_group
+
+    from workloads import ray_compat
 
     pending = []
     for pg in placement_groups:
-        if placement_group_table(pg).get("state") == "CREATED":
+        if ray_compat.placement_group_info(pg).get("state") == "CREATED":
             remove_placement_group(pg)
         else:
             pending.append(pg)

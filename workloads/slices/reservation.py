@@ -1,4 +1,4 @@
-"""Atomic reservation of whole TPU slices: the only module that imports :mod:`ray.util.tpu`.
+"""Atomic reservation of whole TPU slices (Ray's alpha slice API through :mod:`workloads.ray_compat`).
 
 Glossary (Ray's words):
 
@@ -30,7 +30,7 @@ from raytpu import errors
 from raytpu.catalog import SliceShape
 from raytpu.errors import invalid
 from raytpu.ray_names import LABEL_POD_TYPE, LABEL_SLICE_NAME, LABEL_TOPOLOGY, LABEL_WORKER_ID
-from workloads import telemetry
+from workloads import ray_compat, telemetry
 from workloads.slices.diagnosis import describe_missing
 from workloads.slices.preflight import preflight
 from workloads.slices.release import remove_placement_groups
@@ -161,14 +161,12 @@ class SliceReservation:
 
 def _hosts_of(pg: Any, num_bundles: int) -> tuple[ReservedHost, ...]:
     import ray
-    from ray.util import placement_group_table
 
-    table = placement_group_table(pg)
-    bundle_nodes = table.get("bundles_to_node_id", {})
+    landed = ray_compat.bundle_nodes(pg)
     labels_by_node = {n["NodeID"]: (n.get("Labels") or {}) for n in ray.nodes()}
     hosts = []
     for index in range(num_bundles):
-        node_id = bundle_nodes.get(index, "")
+        node_id = landed.get(index, "")
         labels = labels_by_node.get(node_id, {})
         hosts.append(
             ReservedHost(
@@ -280,7 +278,6 @@ def _reserve(request: _Request, held: list[Any]) -> SliceReservation:
     """Claim the slices' heads (multi-host), then place one bundle per host; every placement
     group goes into ``held`` as soon as it exists, for the caller to release on error."""
     import ray
-    from ray.util.placement_group import placement_group
 
     shape = request.shape
     if request.tpu < 1 or shape.chips % request.tpu:
@@ -302,11 +299,8 @@ def _reserve(request: _Request, held: list[Any]) -> SliceReservation:
             request.among,
         )
     selectors = _bundle_selectors(request, names)
-    pg = placement_group(
-        [dict(request.bundle) for _ in selectors],
-        strategy="SPREAD",
-        name=request.name,
-        bundle_label_selector=selectors,
+    pg = ray_compat.labeled_placement_group(
+        [request.bundle for _ in selectors], selectors, strategy="SPREAD", name=request.name
     )
     held.append(pg)
     ready, _ = ray.wait([pg.ready()], timeout=request.remaining_s())
@@ -390,15 +384,11 @@ def _claim_heads(
     The group goes into ``held`` as soon as it exists, for the caller to release on any error.
     """
     import ray
-    from ray.util.placement_group import placement_group
 
-    heads = placement_group(
+    heads = ray_compat.labeled_placement_group(
         [{shape.ray_head_resource: 1.0} for _ in range(num_slices)],
+        [{LABEL_WORKER_ID: "0", LABEL_POD_TYPE: shape.pod_type, **among}] * num_slices,
         strategy="STRICT_SPREAD",
-        bundle_label_selector=[
-            {LABEL_WORKER_ID: "0", LABEL_POD_TYPE: shape.pod_type, **among}
-            for _ in range(num_slices)
-        ],
         name=f"{name}-heads" if name else "",
     )
     held.append(heads)
@@ -419,13 +409,12 @@ def _claim_heads(
 def _head_slice_names(heads: Any, num_slices: int) -> tuple[str, ...]:
     """The slice name of each claimed head bundle: its node, looked up in the node table."""
     import ray
-    from ray.util import placement_group_table
 
     labels_by_node = {n["NodeID"]: (n.get("Labels") or {}) for n in ray.nodes()}
-    bundle_nodes = placement_group_table(heads).get("bundles_to_node_id", {})
+    landed = ray_compat.bundle_nodes(heads)
     names = []
     for index in range(num_slices):
-        node_id = bundle_nodes.get(index, "")
+        node_id = landed.get(index, "")
         slice_name = labels_by_node.get(node_id, {}).get(LABEL_SLICE_NAME)
         if not slice_name:
             raise RuntimeError(
@@ -445,15 +434,9 @@ def ray_native_reservation(
     ``shape``, awaited until ready and removed on exit: the baseline ``bench.reservation``
     compares :func:`reserve_slices` with. Raises ``TimeoutError`` if not ready in time."""
     import ray
-    from ray.util.tpu import slice_placement_group
 
-    spg = slice_placement_group(
-        shape.topology,
-        shape.accelerator_version,
-        resources_per_bundle={"TPU": shape.chips_per_host, "CPU": 1},
-        num_slices=int(num_slices),
-        chips_per_vm=shape.chips_per_host,
-        head_reservation_timeout_s=timeout_s,
+    spg = ray_compat.slice_placement_group(
+        shape.topology, shape.accelerator_version, shape.chips_per_host, num_slices, timeout_s
     )
     try:
         ready, _ = ray.wait([spg.placement_group.ready()], timeout=timeout_s)
@@ -492,9 +475,6 @@ def ray_splits_slice(shape: SliceShape) -> bool:
     no slice name and spreads the workers over any hosts with free TPU (seen with Ray 2.60: one
     worker of a 2x4 run on a serving host). Every other shape it reserves whole by slice name.
     """
-    from ray.util.tpu import get_chips_per_host, get_num_chips_from_topology
-
     if not shape.multi_host:
         return False
-    ray_chips_per_host = get_chips_per_host(shape.topology, shape.accelerator_version)
-    return get_num_chips_from_topology(shape.topology) <= ray_chips_per_host
+    return ray_compat.ray_guesses_one_host(shape.topology, shape.accelerator_version)

@@ -36,7 +36,7 @@ from typing import Any
 
 from raytpu.catalog import SliceShape
 from raytpu.errors import invalid
-from workloads import storage, telemetry
+from workloads import ray_compat, storage, telemetry
 from workloads.training import multislice
 from workloads.training.config import (
     RunBoard,
@@ -53,9 +53,6 @@ from workloads.training.worker_loop import train_loop_per_worker
 __all__ = ["TrainingError", "TrainingInterrupted", "run_training"]
 
 logger = logging.getLogger(__name__)
-
-WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
-"""Ray Train v2 bound on starting the worker group (default 60 s, then it retries)."""
 
 
 class TrainingError(RuntimeError):
@@ -349,12 +346,8 @@ def _trainer(
             "scale": plan.scale_payload,
             "family": plan.family,
         },
-        scaling_config=ray.train.ScalingConfig(
-            use_tpu=True,
-            num_workers=plan.num_workers,
-            topology=shape.topology,
-            accelerator_type=shape.ray_accelerator_type,
-            resources_per_worker=resources,
+        scaling_config=ray_compat.tpu_scaling_config(
+            plan.num_workers, shape.topology, shape.ray_accelerator_type, resources
         ),
         run_config=ray.train.RunConfig(
             name=f"{plan.name}-{attempt}" if attempt else plan.name,
@@ -362,27 +355,19 @@ def _trainer(
             storage_filesystem=plan.filesystem,
             # This loop restarts (a capacity check, the faults not yet fired, the event
             # account): Ray Train retries nothing itself, preemptions included.
-            failure_config=_no_retries(ray.train.FailureConfig),
+            failure_config=ray_compat.no_retries_failure_config(),
         ),
     )
-
-
-def _no_retries(failure_config: Any) -> Any:
-    """Ray Train's ``FailureConfig`` that retries nothing: ``max_preemption_failures`` exists
-    from Ray 2.58 on (before it, a preempted attempt counts against ``max_failures``, also 0)."""
-    import inspect
-
-    kwargs = {"max_failures": 0, "controller_failure_limit": 0}
-    if "max_preemption_failures" in inspect.signature(failure_config).parameters:
-        kwargs["max_preemption_failures"] = 0
-    return failure_config(**kwargs)
 
 
 def _fit(plan: RunPlan, trainer: Any) -> Any:
     """``trainer.fit()`` within the worker group start bound, the caller's SIGINT handler kept."""
     began = time.monotonic()
     try:
-        with _env(WORKER_GROUP_START_TIMEOUT_ENV, str(plan.start_timeout_s)), _sigint_kept():
+        with (
+            _env(ray_compat.WORKER_GROUP_START_TIMEOUT_ENV, str(plan.start_timeout_s)),
+            _sigint_kept(),
+        ):
             return trainer.fit()
     except SystemExit as error:
         # Ray Train's own SIGINT handler aborts the run and leaves through sys.exit().

@@ -214,13 +214,6 @@ def drain_slice(message: str) -> list[str]:
 
 
 def _drain(node_ids: list[str], message: str, grace_s: float) -> None:
-    import ray
-    from ray.core.generated import autoscaler_pb2
+    from workloads import ray_compat
 
-    gcs = ray._raylet.GcsClient(address=ray.get_runtime_context().gcs_address)
-    deadline_ms = int(time.time() * 1000 + grace_s * 1000)
-    reason = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
-    for node_id in node_ids:
-        accepted, rejection = gcs.drain_node(node_id, reason, message, deadline_ms)
-        if not accepted:
-            raise RuntimeError(f"drain of node {node_id} refused by the GCS: {rejection}")
+    ray_compat.drain_nodes(node_ids, message, int(time.time() * 1000 + grace_s * 1000))

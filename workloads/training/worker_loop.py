@@ -214,6 +214,9 @@ class WorkerLoop:
             step = self.resumed_from
             while step < self.run_cfg.steps:
                 step = self.step(step)
+            # The last durable save may still be uploading: a checkpoint's bound, not a step's.
+            self.where = "checkpoint"
+            self.watchdog.expect(self.good.checkpoint_timeout_s)
             self.manager.wait_until_finished()
             self.watchdog.stop()
             io.report(self.summary(), final=True)
@@ -428,12 +431,19 @@ class WorkerLoop:
     def on_hang(self, step: int, waited: float, limit: float) -> None:
         """The watchdog's end: stacks to the board, the event (naming this host unless it
         waited in a collective), and the process exits (the driver restarts the run)."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
         path = gp.dump_stacks(Path("raytpu-stacks"), f"{self.host_name.replace('/', '-')}.txt")
-        self.board.stacks.remote(self.host_name, path.read_text(encoding="utf-8"))
+        stacks = self.board.stacks.remote(self.host_name, path.read_text(encoding="utf-8"))
         culprit = self.where != "collective"
         detail = f"no step for {waited:.1f} s > {limit:.1f} s; this host was in {self.where}"
-        self.event("hang", step, self.host_name if culprit else "", "restart", detail)
-        time.sleep(2.0)  # the board calls go out; the peers' watchdogs dump their stacks too
+        try:  # on the board before the process goes (else the driver reads a silent host loss)
+            self.event("hang", step, self.host_name if culprit else "", "restart", detail, True)
+            ray.get(stacks, timeout=10)
+        except (GetTimeoutError, RayActorError) as error:
+            logger.warning("hang: the board did not take the event: %s", error)
+        time.sleep(2.0)  # the peers' watchdogs dump their stacks too
         os._exit(HANG_EXIT_CODE)
 
     # ------------------------------------------------------------------------------ report

@@ -2,9 +2,12 @@
 
 Glossary:
 
+- **decoder**: the model decoded (:mod:`workloads.serving.engine.decoders`: the byte LM, a Llama
+  preset or Hugging Face folder). Every function here takes one as ``cfg``, or a byte LM
+  :class:`workloads.model.byte_lm.ModelConfig`.
 - **KV cache**: per layer the keys and values of every position so far, ``[rows, context_len,
-  heads, head_dim]`` (:func:`workloads.model.byte_lm.empty_cache`). Positions are rotary and absolute
-  (:func:`workloads.model.byte_lm.rope`), so a cached key never changes when more tokens arrive.
+  heads, head_dim]`` (the decoder's ``empty_cache``). Positions are rotary and absolute, so a
+  cached key never changes when more tokens arrive.
 - **prefill**: every prompt token of a batch in one forward call (rows right-padded to a length
   bucket, :func:`length_bucket`) that writes the cache and returns each row's next-token logits.
   A row may start at ``start > 0`` when its first ``start`` positions are already in the cache
@@ -14,9 +17,11 @@ Glossary:
   not per token). It can be resumed (:class:`DecodeState`) to stream chunks of tokens.
 
 Each decode step attends over the whole ``context_len`` cache with a mask, so its cost does not
-grow with the prompt: per-token cost is flat in context. Sampling: key ``k`` =
-``PRNGKey(seed)``; per new token ``k, sub = split(k)`` and temperature 0 is greedy, the same in
-:func:`generate_tokens_uncached`, the cache-free reference the tests compare with.
+grow with the prompt: per-token cost is flat in context. Sampling: each row has its own key
+``k = PRNGKey(row seed)``; per new token ``k, sub = split(k)`` and temperature 0 is greedy. So a
+row's tokens depend on its prompt, temperature and seed only, never on the other rows of its
+batch or its slot (the same in :func:`generate_tokens_uncached`, the cache-free reference the
+tests compare with). :func:`row_seeds` gives rows without a seed of their own one each.
 """
 
 from __future__ import annotations
@@ -32,11 +37,12 @@ import numpy as np
 
 from raytpu.errors import invalid
 from workloads.model import byte_lm as m
+from workloads.serving.engine.decoders import as_decoder
 from workloads.serving.engine.prefill_plan import FILLER, PrefillGroup
+from workloads.serving.requests import MAX_SEED
 
 MIN_BUCKET = 16
 """Shortest prefill length: shorter prompts are padded to it (one compile covers them)."""
-PAD_TOKEN = ord(" ")
 _REPLICATED = jax.sharding.PartitionSpec()
 
 
@@ -51,81 +57,107 @@ def length_bucket(length: int, limit: int) -> int:
     return min(bucket, limit)
 
 
-def prompt_ids(cfg: m.ModelConfig, prompt: str, max_new_tokens: int) -> np.ndarray:
-    """The prompt's UTF-8 bytes that fit the context with ``max_new_tokens`` after them (the
-    last ``context_len - max_new_tokens``); an empty prompt reads as one space."""
-    room = cfg.context_len - max_new_tokens
+def prompt_ids(cfg: Any, prompt: str | Sequence[int], max_new_tokens: int) -> np.ndarray:
+    """The prompt's tokens (``prompt`` as text, or its token ids) that fit the context with
+    ``max_new_tokens`` after them (the last ``context_len - max_new_tokens``); an empty prompt
+    reads as the decoder's pad token."""
+    dec = as_decoder(cfg)
+    room = dec.context_len - max_new_tokens
     if max_new_tokens < 1 or room < 1:
-        valid = f"1..{cfg.context_len - 1} (context_len {cfg.context_len})"
+        valid = f"1..{dec.context_len - 1} (context_len {dec.context_len})"
         raise ValueError(invalid("max_new_tokens", max_new_tokens, valid))
-    ids = m.encode(prompt)[-room:]
-    return ids if len(ids) else np.array([PAD_TOKEN], np.int32)
+    tokens = dec.encode(prompt) if isinstance(prompt, str) else np.asarray(prompt, np.int32)
+    ids = tokens[-room:]
+    return ids if len(ids) else np.array([dec.pad_token], np.int32)
+
+
+def row_seeds(seed: int, rows: int) -> tuple[int, ...]:
+    """A seed per row from a batch's ``seed`` (row ``i``'s is the same in every batch of that
+    seed): for rows that bring no seed of their own."""
+    return tuple((seed * 1_000_003 + i) % MAX_SEED for i in range(rows))
+
+
+def row_keys(seeds: Sequence[int]) -> np.ndarray:
+    """``[rows, 2]`` sampling keys, ``PRNGKey(seed)`` of each row."""
+    return np.asarray(jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds, jnp.int32)))
 
 
 @dataclass
 class DecodeState:
     """A batch between decode calls, on the device: its cache, the logits of each row's next
-    token, the position that token will take, and the sampling key."""
+    token, the position that token will take, and each row's sampling key."""
 
     kv: m.KVCache
     logits: jax.Array
     positions: jax.Array
     temperatures: jax.Array
-    key: jax.Array
+    keys: jax.Array
     mesh: jax.sharding.Mesh | None = None
 
 
+def _split_rows(keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Each row's key split: (the keys to carry on, this step's keys)."""
+    both = jax.vmap(jax.random.split)(keys)
+    return both[:, 0], both[:, 1]
+
+
 @jax.jit
-def pick(logits: jax.Array, temps: jax.Array, key: jax.Array) -> jax.Array:
-    """One token per row: argmax at temperature 0, else a sample at that temperature."""
+def pick(logits: jax.Array, temps: jax.Array, keys: jax.Array) -> jax.Array:
+    """One token per row: argmax at temperature 0, else a sample at that temperature with the
+    row's own key."""
     greedy = jnp.argmax(logits, axis=-1)
     scaled = logits / jnp.maximum(temps, 1e-6)[:, None]
-    sampled = jax.random.categorical(key, scaled, axis=-1)
+    sampled = jax.vmap(jax.random.categorical)(keys, scaled)
     return jnp.where(temps > 0, sampled, greedy).astype(jnp.int32)
 
 
+def _compiled(cfg: Any, mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
+    """:func:`_programs` of ``cfg``'s decoder."""
+    return _programs(as_decoder(cfg), mesh)
+
+
 @functools.cache
-def _compiled(cfg: m.ModelConfig, mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
+def _programs(dec: Any, mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
     """The jitted programs for ``cfg``. With a ``mesh``, prefill and decode run per device on its
     own rows (``shard_map`` over the ``data`` axis, parameters replicated): no collective at all,
     where the partitioner would all-gather the cache for its scatter."""
-    lm = m.DecoderLM(cfg)
     rows, same = jax.sharding.PartitionSpec("data"), jax.sharding.PartitionSpec()
 
     def prefill(params, kv, tokens, starts, lengths):
         positions = starts[:, None] + jnp.arange(tokens.shape[1])[None, :]
-        logits, kv = lm.apply({"params": params}, tokens, positions, kv)
+        logits, kv = dec.apply(params, tokens, positions, kv)
         last = (lengths - 1 - starts)[:, None, None]
         return jnp.take_along_axis(logits, last, axis=1)[:, 0], kv
 
-    def decode(params, kv, logits, positions, temps, key, steps, cap):
+    def decode(params, kv, logits, positions, temps, keys, steps, cap):
         out = jnp.zeros((logits.shape[0], cap), jnp.int32)
-        where = jax.lax.axis_index("data") if mesh is not None else 0
 
         def body(carry):
-            i, kv, logits, positions, key, out = carry
-            key, sub = jax.random.split(key)
-            token = pick(logits, temps, jax.random.fold_in(sub, where) if mesh else sub)
+            i, kv, logits, positions, keys, out = carry
+            keys, subs = _split_rows(keys)
+            token = pick(logits, temps, subs)
             out = out.at[:, i].set(token)
-            logits, kv = lm.apply({"params": params}, token[:, None], positions[:, None], kv)
-            return i + 1, kv, logits[:, 0], positions + 1, key, out
+            logits, kv = dec.apply(params, token[:, None], positions[:, None], kv)
+            return i + 1, kv, logits[:, 0], positions + 1, keys, out
 
-        carry = (jnp.int32(0), kv, logits, positions, key, out)
-        _, kv, logits, positions, key, out = jax.lax.while_loop(lambda c: c[0] < steps, body, carry)
-        return out, kv, logits, positions, key
+        carry = (jnp.int32(0), kv, logits, positions, keys, out)
+        _, kv, logits, positions, keys, out = jax.lax.while_loop(
+            lambda c: c[0] < steps, body, carry
+        )
+        return out, kv, logits, positions, keys
 
     def per_device(fn, in_specs, out_specs):
         if mesh is None:
             return fn
         return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
-    def decode_sharded(params, kv, logits, positions, temps, key, steps, cap):
+    def decode_sharded(params, kv, logits, positions, temps, keys, steps, cap):
         fn = per_device(
             functools.partial(decode, cap=cap),
-            (same, rows, rows, rows, rows, same, same),
-            (rows, rows, rows, rows, same),
+            (same, rows, rows, rows, rows, rows, same),
+            (rows, rows, rows, rows, rows),
         )
-        return fn(params, kv, logits, positions, temps, key, steps)
+        return fn(params, kv, logits, positions, temps, keys, steps)
 
     def read_block(kv, row, start, size):
         return jnp.stack(
@@ -163,19 +195,20 @@ def _compiled(cfg: m.ModelConfig, mesh: jax.sharding.Mesh | None = None) -> dict
         "decode": jax.jit(decode_sharded, donate_argnums=1, static_argnames=("cap",)),
         "read_block": jax.jit(read_block, static_argnames=("size",)),
         "write_block": jax.jit(write_block, donate_argnums=0),
-        "forward": jax.jit(lambda params, tokens: m.logits_fn(params, cfg, tokens)),
+        "forward": jax.jit(dec.forward),
     }
 
 
-def new_cache(cfg: m.ModelConfig, rows: int, mesh: jax.sharding.Mesh | None) -> m.KVCache:
+def new_cache(cfg: Any, rows: int, mesh: jax.sharding.Mesh | None) -> m.KVCache:
     """An empty cache for ``rows`` rows, split over the mesh's ``data`` axis like the batch."""
+    dec = as_decoder(cfg)
     if mesh is None:
-        return m.empty_cache(cfg, rows)
+        return dec.empty_cache(rows)
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-    return jax.jit(lambda: m.empty_cache(cfg, rows), out_shardings=sharding)()
+    return jax.jit(lambda: dec.empty_cache(rows), out_shardings=sharding)()
 
 
-def read_block(cfg: m.ModelConfig, kv: m.KVCache, row: int, start: int, size: int) -> jax.Array:
+def read_block(cfg: Any, kv: m.KVCache, row: int, start: int, size: int) -> jax.Array:
     """Positions ``start..start+size`` of one row: ``[layers, 2 (k, v), size, heads, dim]``,
     read on the one device that holds the row (no collective)."""
     first = kv[0][0]
@@ -193,7 +226,7 @@ def _holds(rows: slice, row: int, leaf: jax.Array) -> bool:
     return start <= row < stop
 
 
-def write_block(cfg: m.ModelConfig, kv: m.KVCache, block: Any, row: int, start: int) -> m.KVCache:
+def write_block(cfg: Any, kv: m.KVCache, block: Any, row: int, start: int) -> m.KVCache:
     """``kv`` with :func:`read_block`'s ``block`` written back at ``row``, ``start`` (``kv`` is
     donated: use the returned cache)."""
     sharding = kv[0][0].sharding
@@ -206,16 +239,16 @@ def write_block(cfg: m.ModelConfig, kv: m.KVCache, block: Any, row: int, start: 
 class PrefillInputs:
     """What a batch's prefill takes, one entry per row: its prompt tokens, where its prefill
     starts (the tokens before are in the cache already: a prefix-cache hit), its sampling
-    temperature; and the batch's sampling seed."""
+    temperature and its sampling seed."""
 
     ids: tuple[np.ndarray, ...]
     starts: tuple[int, ...]
     temperatures: tuple[float, ...]
-    seed: int = 0
+    seeds: tuple[int, ...]
 
     def __post_init__(self) -> None:
         rows = len(self.ids)
-        for name in ("starts", "temperatures"):
+        for name in ("starts", "temperatures", "seeds"):
             if len(getattr(self, name)) != rows:
                 raise ValueError(invalid(name, getattr(self, name), f"{rows} entries, one per row"))
         lengths = [len(row) for row in self.ids]
@@ -224,13 +257,13 @@ class PrefillInputs:
 
     @classmethod
     def fresh(cls, ids: Sequence[np.ndarray], temperatures: Sequence[float], seed: int = 0):
-        """Every row prefilled from its first token (no cache hit)."""
-        return cls(tuple(ids), (0,) * len(ids), tuple(temperatures), seed)
+        """Every row prefilled from its first token (no cache hit), seeds from ``seed``."""
+        return cls(tuple(ids), (0,) * len(ids), tuple(temperatures), row_seeds(seed, len(ids)))
 
 
 def prefill(
     params: Any,
-    cfg: m.ModelConfig,
+    cfg: Any,
     kv: m.KVCache,
     inputs: PrefillInputs,
     mesh: jax.sharding.Mesh | None = None,
@@ -239,7 +272,7 @@ def prefill(
     """Run each row's prompt tokens from its start on (earlier positions must already be in
     ``kv``; ``kv`` is donated) and return the state to decode from: in one program padded to
     the longest row, or with ``groups`` one width group at a time (:func:`_by_width`)."""
-    ids = list(inputs.ids)
+    cfg, ids = as_decoder(cfg), list(inputs.ids)
     lengths = np.array([len(row) for row in ids], np.int32)
     begin = np.array(inputs.starts, np.int32)
     place = functools.partial(m.place_batch, mesh=mesh)
@@ -248,14 +281,15 @@ def prefill(
     else:
         logits, kv = _joint(params, cfg, mesh, kv, ids, begin)
     temps = place(np.asarray(inputs.temperatures, np.float32))
-    return DecodeState(kv, logits, place(lengths), temps, jax.random.PRNGKey(inputs.seed), mesh)
+    keys = place(row_keys(inputs.seeds))
+    return DecodeState(kv, logits, place(lengths), temps, keys, mesh)
 
 
-def _joint(params: Any, cfg: m.ModelConfig, mesh: Any, kv: m.KVCache, ids: list, begin: Any):
+def _joint(params: Any, cfg: Any, mesh: Any, kv: m.KVCache, ids: list, begin: Any):
     """Every row in one prefill program, right-padded to the longest row's length bucket."""
     lengths = np.array([len(row) for row in ids], np.int32)
     width = length_bucket(int((lengths - begin).max()), cfg.context_len)
-    tokens = np.full((len(ids), width), PAD_TOKEN, np.int32)
+    tokens = np.full((len(ids), width), cfg.pad_token, np.int32)
     for row, (seq, start) in enumerate(zip(ids, begin, strict=True)):
         tokens[row, : len(seq) - start] = seq[start:]
     place = functools.partial(m.place_batch, mesh=mesh)
@@ -264,7 +298,7 @@ def _joint(params: Any, cfg: m.ModelConfig, mesh: Any, kv: m.KVCache, ids: list,
 
 def _by_width(
     params: Any,
-    cfg: m.ModelConfig,
+    cfg: Any,
     mesh: Any,
     kv: m.KVCache,
     ids: list,
@@ -278,8 +312,8 @@ def _by_width(
     per = len(ids) // (mesh.size if mesh is not None else 1)
     place = functools.partial(m.place_batch, mesh=mesh)
     fns = _compiled(cfg, mesh)
-    logits = place(np.zeros((len(ids), m.VOCAB), np.float32))
-    filler = np.array([PAD_TOKEN], np.int32)
+    logits = place(np.zeros((len(ids), cfg.vocab), np.float32))
+    filler = np.array([cfg.pad_token], np.int32)
     for group in groups:
         local = place(np.asarray(group.local_rows(per), np.int32))
         sub_ids = [filler if s == FILLER else ids[s] for s in group.slots]
@@ -289,47 +323,47 @@ def _by_width(
     return logits, kv
 
 
-def compile_row_moves(cfg: m.ModelConfig, sizes: Sequence[int], mesh: Any = None) -> None:
+def compile_row_moves(cfg: Any, sizes: Sequence[int], mesh: Any = None) -> None:
     """Compile :func:`_by_width`'s takes and puts for every batch size in ``sizes`` and every
     sub-batch size up to it (a replica does this when it starts, not on a request)."""
-    devices = mesh.size if mesh is not None else 1
+    cfg, devices = as_decoder(cfg), mesh.size if mesh is not None else 1
     place = functools.partial(m.place_batch, mesh=mesh)
     fns = _compiled(cfg, mesh)
     for size in sizes:
         kv = new_cache(cfg, size, mesh)
-        logits = place(np.zeros((size, m.VOCAB), np.float32))
+        logits = place(np.zeros((size, cfg.vocab), np.float32))
         for sub in (s for s in sizes if s <= size):
             local = place(np.full(sub, size // devices, np.int32))  # every row a filler
-            part = (fns["take_rows"](kv, local), place(np.zeros((sub, m.VOCAB), np.float32)))
+            part = (fns["take_rows"](kv, local), place(np.zeros((sub, cfg.vocab), np.float32)))
             kv, logits = fns["put_rows"]((kv, logits), part, local)
         jax.block_until_ready(kv)
 
 
 def decode(
-    params: Any, cfg: m.ModelConfig, state: DecodeState, steps: int, cap: int | None = None
+    params: Any, cfg: Any, state: DecodeState, steps: int, cap: int | None = None
 ) -> tuple[np.ndarray, DecodeState]:
     """``steps`` new tokens per row (``[rows, steps]``, on the host) and the state to resume
     from. ``cap`` (>= steps, default: the next power of two) is the compiled output width."""
     cap = cap or length_bucket(steps, max(steps, MIN_BUCKET) * 2)
     if not 1 <= steps <= cap:
         raise ValueError(invalid("steps", steps, f"1..{cap}"))
-    out, kv, logits, positions, key = _compiled(cfg, state.mesh)["decode"](
+    out, kv, logits, positions, keys = _compiled(cfg, state.mesh)["decode"](
         params,
         state.kv,
         state.logits,
         state.positions,
         state.temperatures,
-        state.key,
+        state.keys,
         jnp.int32(steps),
         cap=cap,
     )
-    after = DecodeState(kv, logits, positions, state.temperatures, key, state.mesh)
+    after = DecodeState(kv, logits, positions, state.temperatures, keys, state.mesh)
     return np.asarray(out)[:, :steps], after
 
 
 def generate_tokens(
     params: Any,
-    cfg: m.ModelConfig,
+    cfg: Any,
     prompts: list[str],
     max_new_tokens: list[int],
     temperatures: list[float],
@@ -352,42 +386,43 @@ def generate_tokens(
 
 def generate(
     params: Any,
-    cfg: m.ModelConfig,
+    cfg: Any,
     prompts: list[str],
     max_new_tokens: list[int],
     temperatures: list[float],
     seed: int = 0,
     mesh: jax.sharding.Mesh | None = None,
 ) -> list[str]:
-    """Continue each prompt (:func:`generate_tokens`) and decode the new bytes as text."""
+    """Continue each prompt (:func:`generate_tokens`) and decode the new tokens as text."""
     tokens = generate_tokens(params, cfg, prompts, max_new_tokens, temperatures, seed, mesh)
-    return [m.decode(row) for row in tokens]
+    return [as_decoder(cfg).decode(row) for row in tokens]
 
 
 def generate_tokens_uncached(
     params: Any,
-    cfg: m.ModelConfig,
-    prompts: list[str],
+    cfg: Any,
+    prompts: list[str] | list[Sequence[int]],
     max_new_tokens: list[int],
     temperatures: list[float],
     seed: int = 0,
 ) -> list[list[int]]:
     """The reference without a cache: every new token re-runs the whole sequence (causal, so
     right-padding after it changes nothing). Slow; for tests and benchmarks."""
+    cfg = as_decoder(cfg)
     ids = [prompt_ids(cfg, p, n) for p, n in zip(prompts, max_new_tokens, strict=True)]
     steps = max(max_new_tokens)
     lengths = np.array([len(row) for row in ids])
-    buffer = np.full((len(ids), int(lengths.max()) + steps), PAD_TOKEN, np.int32)
+    buffer = np.full((len(ids), int(lengths.max()) + steps), cfg.pad_token, np.int32)
     for row, seq in enumerate(ids):
         buffer[row, : len(seq)] = seq
     forward = _compiled(cfg)["forward"]
     temps = jnp.asarray(temperatures, jnp.float32)
-    key = jax.random.PRNGKey(seed)
+    keys = jnp.asarray(row_keys(row_seeds(seed, len(ids))))
     rows = np.arange(len(ids))
     for _ in range(steps):
         logits = forward(params, jnp.asarray(buffer))[rows, lengths - 1]
-        key, sub = jax.random.split(key)
-        buffer[rows, lengths] = np.asarray(pick(logits, temps, sub))
+        keys, subs = _split_rows(keys)
+        buffer[rows, lengths] = np.asarray(pick(logits, temps, subs))
         lengths = lengths + 1
     starts = [len(seq) for seq in ids]
     return [

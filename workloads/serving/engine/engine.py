@@ -14,6 +14,7 @@ from typing import Any
 
 from raytpu.errors import invalid
 from workloads.serving.engine import decode, prefill_plan
+from workloads.serving.engine.decoders import as_decoder
 from workloads.serving.engine.prefix_cache import LoadedPrefix, PrefixCache, PrefixHit
 
 STREAM_CHUNK = 8
@@ -22,9 +23,16 @@ STREAM_CHUNK = 8
 
 @dataclass(frozen=True)
 class Row:
-    prompt: str
+    """One request: its prompt as text or as token ids, how many new tokens, at what
+    temperature, with what sampling seed."""
+
+    prompt: str | tuple[int, ...]
     max_new_tokens: int
     temperature: float
+    seed: int | None = None
+    """The same prompt, temperature and seed give the same tokens in any batch and slot (the
+    OpenAI API's ``seed``); None: one from the batch's seed and the row's place
+    (:func:`workloads.serving.engine.decode.row_seeds`)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,9 @@ PAD_ROW = Row(" ", 1, 0.0)
 
 
 class Engine:
-    """``params`` (replicated over ``mesh``) and ``cfg``; batches padded to ``buckets`` rows."""
+    """``params`` (replicated over ``mesh``) and their decoder ``cfg``
+    (:mod:`workloads.serving.engine.decoders`, or a byte LM config); batches padded to
+    ``buckets`` rows."""
 
     def __init__(
         self,
@@ -94,7 +104,7 @@ class Engine:
         cap: int = 256,
         split_prefill: bool = True,
     ) -> None:
-        self.params, self.cfg, self.mesh = params, cfg, mesh
+        self.params, self.cfg, self.mesh = params, as_decoder(cfg), mesh
         self.buckets, self.prefix, self.cap = buckets, prefix, cap
         self.split_prefill = split_prefill
         """False: every batch prefills jointly, padded to its longest prompt (the benchmark's
@@ -131,8 +141,13 @@ class Engine:
         began = time.perf_counter()
         arranged = self._arrange(rows)
         loaded = self._load_prefix(arranged)
+        derived = decode.row_seeds(seed, len(rows))
+        seeds = [r.seed if r.seed is not None else d for r, d in zip(rows, derived, strict=True)]
         inputs = decode.PrefillInputs(
-            arranged.ids, loaded.starts, tuple(r.temperature for r in arranged.rows), seed
+            arranged.ids,
+            loaded.starts,
+            tuple(r.temperature for r in arranged.rows),
+            tuple(0 if i == prefill_plan.FILLER else seeds[i] for i in arranged.order),
         )
         devices = self.mesh.size if self.mesh is not None else 1
         plan = prefill_plan.plan_prefill(
@@ -221,7 +236,8 @@ class Engine:
                     pass
                 length = decode.MIN_BUCKET
                 while length <= (self.cfg.context_len if every_length else decode.MIN_BUCKET):
-                    self.generate([Row("x" * (length - 1), 1, 0.0)] * size, seed=0)
+                    ids = (self.cfg.pad_token,) * min(length - 1, self.cfg.context_len - 1)
+                    self.generate([Row(ids, 1, 0.0)] * size, seed=0)
                     length *= 2
         finally:
             self.prefix = prefix
