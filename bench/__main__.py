@@ -24,6 +24,7 @@ BENCHMARKS = (
     "compile_cache",
     "llm_client",
     "batch",
+    "imports",
 )
 DEFAULT = ("iac_scale", "reservation", "training", "serving")
 TIMEOUT_S = 1200.0

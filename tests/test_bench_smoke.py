@@ -202,3 +202,14 @@ def test_run_child_returns_stdout_or_names_the_child_with_its_stderr(code, error
     with pytest.raises(RuntimeError) as caught:
         _common.run_child([sys.executable, "-c", code], "child x", 60)
     assert str(caught.value).strip() == error
+
+
+def test_import_benchmark_names_what_an_import_loaded():
+    from bench import imports
+
+    row = imports.measure("json", repeats=2)
+    assert row["module"] == "json" and row["stats"].n == 2 and row["loaded"] == "-"
+    with pytest.raises(RuntimeError, match="import no_such_module_here failed"):
+        imports.measure("no_such_module_here", repeats=1)
+    with pytest.raises(ValueError, match="repeats: 0 is not valid"):
+        imports.measure("json", repeats=0)

@@ -82,6 +82,18 @@ def test_installs_the_tpu_and_notebook_extras_without_ray_or_pulumi() -> None:
     assert not any(r.startswith(("ray", "pulumi")) for r in requirements)
 
 
+def test_jupyterlab_does_not_make_every_ray_process_build_a_grammar() -> None:
+    """jupyter-events asks for jsonschema[format-nongpl], which from jsonschema 4.24 imports
+    rfc3987-syntax (a Lark grammar built at import: +1.4 s in every process that imports ray).
+    The notebook extra keeps jsonschema below it, in this env and in the image."""
+    assert "jsonschema>=4.23,<4.24" in entrypoints.image_requirements()
+    probe = "import sys, ray; print(sorted({'rfc3987_syntax', 'lark'} & set(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", f"import ray loaded {done.stdout.strip()}"
+
+
 def test_copied_sources_exist_and_the_context_is_an_allowlist() -> None:
     for copy in _instructions("COPY"):
         sources = [s for s in copy.split()[:-1] if not s.startswith("--")]
