@@ -10,14 +10,15 @@ import re
 
 PINNED_RAY_VERSION = "2.60.0"
 """The Ray the project installs (``pyproject.toml``) and the stacks run."""
-TESTED_RAY_VERSIONS = ("2.56.1", "2.58.1", "2.59.0", "2.60.0")
+TESTED_RAY_VERSIONS = ("2.56.1", "2.57.1", "2.58.1", "2.59.0", "2.60.0")
 """The Ray releases the upgrade matrix passed (``tools/ray_matrix.py``; the table in
 ``docs/delivery.md``), oldest first. The policy pack and the stack config accept ``rayVersion``
-from the first to the last (the pinned one). 2.55.0 failed the matrix (every JaxTrainer run);
-2.55.1 and 2.57.1 have not been run."""
+from the first to the last (the pinned one). 2.55.0 and 2.55.1 fail the matrix: their JaxTrainer
+starts ``jax.distributed`` for TPU and CUDA only, so on the simulation's CPU JAX every worker is
+a one-process JAX (on TPU they would start it; the matrix cannot show that)."""
 MINIMUM_RAY_VERSION = TESTED_RAY_VERSIONS[0]
 """The oldest Ray the upgrade matrix passed (the TPU slice API, ``ray.util.tpu``, is in 2.55 on,
-but 2.55.0's JaxTrainer runs failed on the simulated slice)."""
+but 2.55.x cannot be run on the simulated slice, see above)."""
 
 # ASCII digits only: ``\d`` would also match full-width and other Unicode digits (full-width "2.60.0"),
 # which int() accepts but no image registry tag or pip version does.
