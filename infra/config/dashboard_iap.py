@@ -39,6 +39,17 @@ def iam_members(problems: Problems, path: str, raw: Any) -> tuple[str, ...] | No
     return None if bad else tuple(dict.fromkeys(raw))
 
 
+def oauth_secret(section: Section) -> str | None:
+    """``oauthSecret``: the Kubernetes Secret holding the IAP OAuth client; None when not set."""
+    return section.get(
+        "oauthSecret",
+        str,
+        None,
+        valid=f"a Kubernetes Secret name ({name_valid(63)}) holding client_id and client_secret",
+        check=name_check(63),
+    )
+
+
 def _ray_object(section: Section, objects: Mapping[str, Sequence[Any]]) -> tuple[str, Any] | None:
     """(kind, object config) named by ``rayObject``: ``Kind/name`` or a bare ``name``."""
     raw = section.get("rayObject", str, valid="Kind/name or name of a RayCluster or RayService")
@@ -89,13 +100,7 @@ def parse_dashboard_iap(
         check=bool,
     )
     members = None if members is None else iam_members(problems, s.sub("members"), members)
-    secret = s.get(
-        "oauthSecret",
-        str,
-        None,
-        valid=f"a Kubernetes Secret name ({name_valid(63)}) holding client_id and client_secret",
-        check=name_check(63),
-    )
+    secret = oauth_secret(s)
     if found is None or host is None or members is None:
         return None
     kind, obj = found

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from infra.config.dashboard_iap import MEMBER_VALID, iam_members
+from infra.config.dashboard_iap import MEMBER_VALID, iam_members, oauth_secret
 from infra.config.notebook_schema import NotebookConfig, NotebookIapConfig
-from infra.config.reader import Problems, Section, name_check, name_valid
+from infra.config.reader import Problems, Section
 from raytpu.gke_iap import HOST_RE
 
 _KEYS = ("domain", "members", "teamMembers", "oauthSecret")
@@ -58,13 +58,7 @@ def parse_notebook_iap(
         iam_members(problems, s.sub("members"), s.raw["members"]) if "members" in s.raw else ()
     )
     team_members = _team_members(s, notebooks)
-    secret = s.get(
-        "oauthSecret",
-        str,
-        None,
-        valid=f"a Kubernetes Secret name ({name_valid(63)}) holding client_id and client_secret",
-        check=name_check(63),
-    )
+    secret = oauth_secret(s)
     if len(problems.errors) > before or domain is None or members is None or team_members is None:
         return None
     iap = NotebookIapConfig(domain, members, team_members, secret)
