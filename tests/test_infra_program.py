@@ -433,6 +433,11 @@ def test_ray_object_spec(
     assert "google.com/tpu" not in head["containers"][0]["resources"]["limits"]
     assert "tolerations" not in head
     assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    # gRPC's fork handlers off on the head only (its Ray Client server; ray-project/ray#63202)
+    head_env = {e["name"]: e.get("value") for e in head["containers"][0]["env"]}
+    assert head_env["GRPC_ENABLE_FORK_SUPPORT"] == "0", head_env
+    assert "RAYTPU_SLICE" in head_env, "the slice's environment is still added"
+    assert "GRPC_ENABLE_FORK_SUPPORT" not in {e["name"] for e in worker.get("env", [])}
 
 
 @pytest.mark.parametrize(

@@ -30,20 +30,11 @@ from pathlib import Path
 import pytest
 from test_delivery_submit import outputs_file  # noqa: F401  (the saved dev-stack outputs)
 
+from infra.manifests import kuberay
 from workloads.sim.local_cluster import free_port
 from workloads.sim.local_processes import kill_processes_with_env
 
-pytestmark = [
-    pytest.mark.ray,
-    pytest.mark.timeout(480),
-    # Passes alone (three runs here, 27-37 s); in the full suite under xdist it failed twice
-    # ("ray client connection timeout" after the tunnel and the credential worked). Not yet
-    # understood (another module's cluster on the same ports? its environment?): it runs and
-    # reports, but does not block CI until it is.
-    pytest.mark.xfail(
-        reason="Ray Client connect times out when run inside the full suite (open)", strict=False
-    ),
-]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(480)]
 
 REPO = Path(__file__).resolve().parents[1]
 HEAD_START_TIMEOUT_S = 180.0  # CI: a head start took over 60 s under load
@@ -93,17 +84,22 @@ def head(tmp_path: Path) -> Iterator[tuple[int, str]]:
     processes are found by their TMPDIR and killed at the end (never ``ray stop``: that would
     stop every Ray on the machine)."""
     token, client_port = secrets.token_hex(32), free_port()
-    tmp = tmp_path / "head-tmp"
-    tmp.mkdir()
+    # Both short (AF_UNIX paths: at most 107 bytes). Under xdist, tmp_path is longer
+    # (.../popen-gw1/test_the_stack_notebook_runs_a0/...): the dashboard's forkserver socket in
+    # TMPDIR failed to bind ("AF_UNIX path too long"), `ray start` waited a minute for the
+    # dashboard before it started the raylet, the Ray Client server gave up waiting for its
+    # node after 30 s, and the cell failed "ray client connection timeout".
+    tmp = Path(tempfile.mkdtemp(prefix="raytpu-nbt-"))
     env = {
         **os.environ,
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": token,
         "TMPDIR": str(tmp),
         "RAY_USAGE_STATS_ENABLED": "0",
+        **kuberay.HEAD_ENV,  # what the stack's heads set (Ray issue #63202, see there)
     }
     ray = str(Path(sys.executable).with_name("ray"))
-    short = Path(tempfile.mkdtemp(prefix="raytpu-nb-"))  # AF_UNIX paths: at most 107 bytes
+    short = Path(tempfile.mkdtemp(prefix="raytpu-nb-"))
     argv = [
         ray, "start", "--head", "--block", "--port", str(free_port()),
         "--ray-client-server-port", str(client_port), "--dashboard-port", str(free_port()),
@@ -124,6 +120,7 @@ def head(tmp_path: Path) -> Iterator[tuple[int, str]]:
         process.wait(timeout=30)
         log.close()
         shutil.rmtree(short, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _alive(program: Path) -> bool:

@@ -77,6 +77,13 @@ TPU_TOLERATION: Mapping[str, str] = {
 TPU_GROUP_NAME = "tpu-group"
 MXLA_PORT = 8081
 """Multi-host TPU slices talk over the megascale/XLA port."""
+HEAD_ENV: Mapping[str, str] = {"GRPC_ENABLE_FORK_SUPPORT": "0"}
+"""On every head: the Ray Client server (the head's client port, which ``raytpu notebook
+--stack`` tunnels to) forks a server process per client while its gRPC threads are busy, and
+with gRPC's fork handlers on that child sometimes dies at once, empty-handed (Ray issue
+ray-project/ray#63202): the client's ``ray.init()`` fails "Starting Ray client server failed".
+Seen here in 2 of 4 runs of ``tests/test_notebook_stack.py`` beside another cluster; 0 of 3 with
+the handlers off. Ray does not rely on them (it sets nothing)."""
 
 
 def head_service_name(name: str) -> str:
@@ -98,7 +105,8 @@ def _resources(resources: WorkerResources, tpu_chips: int | None = None) -> dict
 
 
 def head_group(image: str, resources: WorkerResources, cpu_pool: str) -> dict[str, Any]:
-    """The head group: on the CPU node pool ``cpu_pool``, no CPUs offered to Ray tasks."""
+    """The head group: on the CPU node pool ``cpu_pool``, no CPUs offered to Ray tasks, and
+    :data:`HEAD_ENV`."""
     return {
         "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
         "template": {
@@ -111,6 +119,7 @@ def head_group(image: str, resources: WorkerResources, cpu_pool: str) -> dict[st
                         "imagePullPolicy": "IfNotPresent",
                         "resources": _resources(resources),
                         "ports": [{"name": n, "containerPort": p} for n, p in HEAD_PORTS],
+                        "env": [{"name": k, "value": v} for k, v in HEAD_ENV.items()],
                     }
                 ],
             }
