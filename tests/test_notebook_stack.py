@@ -84,12 +84,15 @@ def head(tmp_path: Path) -> Iterator[tuple[int, str]]:
     processes are found by their TMPDIR and killed at the end (never ``ray stop``: that would
     stop every Ray on the machine)."""
     token, client_port = secrets.token_hex(32), free_port()
-    # Both short (AF_UNIX paths: at most 107 bytes). Under xdist, tmp_path is longer
-    # (.../popen-gw1/test_the_stack_notebook_runs_a0/...): the dashboard's forkserver socket in
-    # TMPDIR failed to bind ("AF_UNIX path too long"), `ray start` waited a minute for the
-    # dashboard before it started the raylet, the Ray Client server gave up waiting for its
-    # node after 30 s, and the cell failed "ray client connection timeout".
-    tmp = Path(tempfile.mkdtemp(prefix="raytpu-nbt-"))
+    # The head's TMPDIR and Ray temp folder in one short folder (AF_UNIX paths: at most 107
+    # bytes). Under xdist, tmp_path is longer (.../popen-gw1/test_the_stack_notebook_runs_a0/...):
+    # the dashboard's forkserver socket in TMPDIR failed to bind ("AF_UNIX path too long"),
+    # `ray start` waited a minute for the dashboard before it started the raylet, the Ray Client
+    # server gave up waiting for its node after 30 s, and the cell failed "ray client connection
+    # timeout".
+    short = Path(tempfile.mkdtemp(prefix="raytpu-nb-"))
+    tmp, ray_temp = short / "t", short / "r"
+    tmp.mkdir()
     env = {
         **os.environ,
         "RAY_AUTH_MODE": "token",
@@ -99,11 +102,10 @@ def head(tmp_path: Path) -> Iterator[tuple[int, str]]:
         **kuberay.HEAD_ENV,  # what the stack's heads set (Ray issue #63202, see there)
     }
     ray = str(Path(sys.executable).with_name("ray"))
-    short = Path(tempfile.mkdtemp(prefix="raytpu-nb-"))
     argv = [
         ray, "start", "--head", "--block", "--port", str(free_port()),
         "--ray-client-server-port", str(client_port), "--dashboard-port", str(free_port()),
-        "--num-cpus", "2", "--temp-dir", str(short),
+        "--num-cpus", "2", "--temp-dir", str(ray_temp),
     ]  # fmt: skip
     log = (tmp_path / "head.log").open("wb")
     process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -120,7 +122,6 @@ def head(tmp_path: Path) -> Iterator[tuple[int, str]]:
         process.wait(timeout=30)
         log.close()
         shutil.rmtree(short, ignore_errors=True)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _alive(program: Path) -> bool:

@@ -82,7 +82,7 @@ HEAD_ENV: Mapping[str, str] = {"GRPC_ENABLE_FORK_SUPPORT": "0"}
 --stack`` tunnels to) forks a server process per client while its gRPC threads are busy, and
 with gRPC's fork handlers on that child sometimes dies at once, empty-handed (Ray issue
 ray-project/ray#63202): the client's ``ray.init()`` fails "Starting Ray client server failed".
-Seen here in 2 of 4 runs of ``tests/test_notebook_stack.py`` beside another cluster; 0 of 3 with
+Seen here in 2 of 4 runs of ``tests/test_notebook_stack.py`` beside another cluster; 0 of 4 with
 the handlers off. Ray does not rely on them (it sets nothing)."""
 
 
