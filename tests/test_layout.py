@@ -36,11 +36,22 @@ def _modules() -> dict[str, Path]:
 
 
 MODULES = _modules()
+# Every module parsed once, here, while pytest collects: CPython 3.11 keeps ast.parse's recursion
+# depth in state shared by all threads, so a parse during a test, beside another thread's parse,
+# can raise "AST constructor recursion depth mismatch" (cpython#106905; CI hit it).
+TREES: dict[Path, ast.Module] = {
+    path: ast.parse(path.read_text(), filename=str(path)) for path in MODULES.values()
+}
+
+
+def _tree(path: Path) -> ast.Module:
+    """A project module's tree from TREES; another file (a rule's own example) parsed now."""
+    return TREES[path] if path in TREES else ast.parse(path.read_text(), filename=str(path))
 
 
 def _imports(path: Path, *, top_level_only: bool = False) -> Iterator[str]:
     """Absolute names imported by a module (``from a import b`` yields ``a`` and ``a.b``)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = _tree(path)
     nodes = tree.body if top_level_only else ast.walk(tree)
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -173,11 +184,8 @@ def test_the_blocker_really_blocks() -> None:
 
 @functools.cache
 def _constants(path: Path) -> tuple[object, ...]:
-    """Each module parsed once for every fact (CI once hit CPython 3.11's "AST constructor
-    recursion depth mismatch" SystemError in one of these many parses)."""
-    return tuple(
-        n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant)
-    )
+    """Every constant a module spells."""
+    return tuple(n.value for n in ast.walk(_tree(path)) if isinstance(n, ast.Constant))
 
 
 # Each shape fact or Ray name, and the one module that may spell it.
@@ -220,7 +228,7 @@ def test_shape_fact_is_defined_once(fact: str, matches, home: str) -> None:
 
 def _arithmetic_on_shapes(path: Path) -> Iterator[str]:
     """Shape arithmetic the catalog owns: ``x.chips // n`` and ``chips_per_host=<literal>``."""
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_tree(path)):
         if (
             isinstance(node, ast.BinOp)
             and isinstance(node.op, ast.FloorDiv)
@@ -335,7 +343,7 @@ def _is_component(node: ast.ClassDef) -> bool:
 def test_every_component_lives_alone_in_infra_components() -> None:
     found: dict[str, list[str]] = {}
     for name, path in MODULES.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ClassDef) and _is_component(node):
                 found.setdefault(name, []).append(node.name)
     misplaced = sorted(n for n in found if _room(n) != "infra.components")
@@ -356,7 +364,7 @@ def _body_without_docstring(tree: ast.Module) -> list[ast.stmt]:
 
 def _reexports(path: Path) -> list[str]:
     """Names a module lists in ``__all__`` but imports from another project module."""
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     imported = {
         alias.asname or alias.name
         for node in tree.body
@@ -376,7 +384,7 @@ def _reexports(path: Path) -> list[str]:
 
 def _is_shim(path: Path) -> bool:
     """A module whose body is only imports (and ``__all__``)."""
-    body = _body_without_docstring(ast.parse(path.read_text()))
+    body = _body_without_docstring(_tree(path))
     imports = [n for n in body if isinstance(n, ast.Import | ast.ImportFrom)]
     rest = [
         n
@@ -402,7 +410,7 @@ def test_no_shim_and_no_reexport(name: str) -> None:
 def _long_functions() -> dict[str, int]:
     found = {}
     for name, path in MODULES.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 lines = node.end_lineno - node.lineno + 1
                 if lines > MAX_FUNCTION_LINES:
